@@ -1,0 +1,194 @@
+"""The guard's audit log: one JSON line per decision and change, written whole, never dropped silently.
+
+A record per (request, count change) — or one record with ``driver: null`` when the request changed no count —
+with the time, request uid, endpoint, operation, dryRun, user, node, driver, old/new/final count, every rule's
+result with its enforcement and message, the decision, the policy hash and generation, and the latency.
+
+Several gunicorn worker processes append to the same file or pipe: each record is one ``os.write`` of a whole
+line under a lock shared by the workers (created before they fork), with ``O_APPEND`` for files. A failed write
+is retried, then the record goes to the error log with the reason and a metric counts it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any, Protocol
+
+from webhook.evaluation import AdmissionDecision, Mode
+from webhook.review import AdmissionRequest
+from webhook.state import format_time
+
+log = logging.getLogger("csinode_guard.audit")
+
+
+class _Lock(Protocol):
+    def acquire(self, block: bool = ..., timeout: float = ...) -> bool: ...
+    def release(self) -> None: ...
+
+
+def _count(value: int | None) -> int | str:
+    return "unbounded" if value is None else value
+
+
+def build_records(
+    decision: AdmissionDecision,
+    request: AdmissionRequest | None,
+    *,
+    endpoint: Mode | str,
+    now: datetime,
+    policy_hash: str,
+    policy_generation: int,
+    latency_seconds: float,
+) -> list[dict[str, Any]]:
+    """Audit records (JSON-ready dicts) for one decision: one per count change, at least one per request."""
+    base: dict[str, Any] = {
+        "time": format_time(now),
+        "uid": request.uid if request else None,
+        "endpoint": str(endpoint.value if isinstance(endpoint, Mode) else endpoint),
+        "operation": request.operation if request else None,
+        "dryRun": request.dry_run if request else False,
+        "user": request.username if request else None,
+        "groups": list(request.groups) if request else [],
+        "node": decision.node or (request.name if request else None),
+        "decision": decision.decision.value,
+        "allowed": decision.response.allowed,
+        "exempt": decision.exempt,
+        "inScope": decision.in_scope,
+        "policyHash": policy_hash,
+        "policyGeneration": policy_generation,
+        "latencyMs": round(latency_seconds * 1000, 3),
+    }
+    if decision.state_problem is not None:
+        base["stateProblem"] = decision.state_problem.value
+    if decision.approvals_recorded:
+        base["approvalsRecorded"] = decision.approvals_recorded
+    if not decision.response.allowed and decision.response.message:
+        base["message"] = decision.response.message
+    if decision.notes:
+        base["notes"] = list(decision.notes)
+    records: list[dict[str, Any]] = []
+    request_level = [
+        {"rule": o.rule, "result": o.result, "enforcement": o.enforcement, "effective": o.effective,
+         "message": o.message}
+        for o in decision.outcomes
+        if o.driver is None
+    ]
+    for change in decision.changes:
+        rules = [
+            {
+                "rule": o.rule,
+                "result": o.result,
+                "enforcement": o.enforcement.value if o.enforcement else None,
+                "effective": o.effective.value if o.effective else None,
+                "message": o.message,
+            }
+            for o in decision.outcomes
+            if o.driver == change.change.driver
+        ]
+        record = dict(base)
+        record.update(
+            driver=change.change.driver,
+            change=change.change.kind.value,
+            old=_count(change.change.old),
+            new=_count(change.change.new),
+            final=_count(change.final) if decision.response.allowed else _count(change.change.old),
+            writerVersion=change.writer_version,
+            rules=rules + [_plain(r) for r in request_level],
+        )
+        if change.correction:
+            record["correction"] = change.correction
+        if change.frozen:
+            record["frozen"] = True
+        records.append(record)
+    if not records:
+        record = dict(base)
+        record.update(driver=None, rules=[_plain(r) for r in request_level])
+        records.append(record)
+    return records
+
+
+def _plain(rule: dict[str, Any]) -> dict[str, Any]:
+    out = dict(rule)
+    for key in ("enforcement", "effective"):
+        value = out.get(key)
+        out[key] = getattr(value, "value", value)
+    return out
+
+
+class AuditWriter:
+    """Appends audit records as JSON lines to ``path`` (``-`` = standard output).
+
+    ``lock`` must be shared by all processes that write the same destination (a ``multiprocessing.Lock``
+    created before gunicorn forks); a thread lock is used when None. ``on_failure(reason)`` is called for
+    every record that could not be written (a metric); the record then goes to the error log.
+    Raises OSError at construction when the file cannot be opened.
+    """
+
+    def __init__(
+        self,
+        path: str,
+        lock: _Lock | None = None,
+        on_failure: Callable[[str], None] | None = None,
+    ) -> None:
+        self.path = path
+        self._lock: _Lock = lock if lock is not None else threading.Lock()
+        self._on_failure = on_failure
+        self._fd = self._open()
+        self._pid = os.getpid()
+
+    def _open(self) -> int:
+        if self.path == "-":
+            return 1
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+
+    def _reopen_after_fork(self) -> None:
+        if os.getpid() != self._pid and self.path != "-":
+            self._fd = self._open()
+            self._pid = os.getpid()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        got = self._lock.acquire(True, 5.0)
+        try:
+            yield
+        finally:
+            if got:
+                self._lock.release()
+
+    def write(self, records: list[dict[str, Any]]) -> int:
+        """Write ``records`` (each one line); returns how many were written. Never raises."""
+        self._reopen_after_fork()
+        written = 0
+        for record in records:
+            line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+            error = ""
+            for _attempt in range(2):
+                try:
+                    with self._locked():
+                        view = memoryview(line)
+                        while view:
+                            n = os.write(self._fd, view)
+                            view = view[n:]
+                    error = ""
+                    break
+                except OSError as exc:
+                    error = f"{type(exc).__name__}: {exc.strerror or exc}"
+            if error:
+                if self._on_failure is not None:
+                    self._on_failure(error)
+                log.error("audit record not written to %s (%s): %s", self.path, error, line.decode().rstrip())
+            else:
+                written += 1
+        return written
+
+    def close(self) -> None:
+        """Close the file (not standard output)."""
+        if self.path != "-":
+            with contextlib.suppress(OSError):
+                os.close(self._fd)

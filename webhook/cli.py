@@ -1,0 +1,27 @@
+"""The ``csinode-guard`` command line: a click group; each subcommand lives in ``webhook.commands``."""
+
+from __future__ import annotations
+
+import click
+
+from webhook import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="csinode-guard")
+def main() -> None:
+    """csinode-guard: guards writes to CSINode.spec.drivers[].allocatable.count (KEP-4876).
+
+    Options can also be set by environment variable: CSINODE_GUARD_<OPTION> (e.g. CSINODE_GUARD_PORT=8443),
+    as each command's --help shows.
+    """
+
+
+def _register_commands() -> None:
+    from webhook.commands import certs, serve  # noqa: PLC0415
+
+    main.add_command(serve.serve)
+    main.add_command(certs.certs)
+
+
+_register_commands()

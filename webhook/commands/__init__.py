@@ -1,0 +1,1 @@
+"""Subcommands of the ``csinode-guard`` CLI, one module per command group."""

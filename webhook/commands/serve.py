@@ -1,0 +1,99 @@
+"""``csinode-guard serve``: run the webhook under gunicorn over TLS on its embedded default or a policy."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from webhook.settings import Settings
+
+log = logging.getLogger("csinode_guard.serve")
+
+
+def _env(name: str) -> str:
+    return f"CSINODE_GUARD_{name}"
+
+
+@click.command()
+@click.option("--host", default="0.0.0.0", show_default=True, envvar=_env("HOST"), help="Listen address.")
+@click.option("--port", default=8443, show_default=True, type=int, envvar=_env("PORT"), help="HTTPS port.")
+@click.option("--metrics-port", default=9090, show_default=True, type=int, envvar=_env("METRICS_PORT"),
+              help="Plain-HTTP port for /metrics (0 disables).")
+@click.option("--cert-dir", default="certs", show_default=True, type=click.Path(path_type=Path),
+              envvar=_env("CERT_DIR"), help="tls.crt/tls.key (and ca.crt); dev certificates are generated here "
+              "when missing.")
+@click.option("--dns-name", "dns_names", multiple=True, envvar=_env("DNS_NAME"),
+              help="DNS name for generated certificates (repeatable), e.g. csinode-guard.csinode-guard.svc.")
+@click.option("--generate-certs/--no-generate-certs", default=True, show_default=True,
+              envvar=_env("GENERATE_CERTS"), help="Generate dev certificates when missing.")
+@click.option("--client-ca", type=click.Path(path_type=Path), envvar=_env("CLIENT_CA"),
+              help="Require client certificates signed by this CA (the apiserver's webhook client cert).")
+@click.option("--policy", type=click.Path(path_type=Path), envvar=_env("POLICY"),
+              help="Policy YAML (default: the bundled policies/default.yaml). Reloaded when it changes.")
+@click.option("--policy-reload-interval", default=5.0, show_default=True, type=float,
+              envvar=_env("POLICY_RELOAD_INTERVAL"), help="Seconds between policy file checks (0 disables).")
+@click.option("--audit-log", default="-", show_default=True, envvar=_env("AUDIT_LOG"),
+              help="Audit log file, '-' for standard output.")
+@click.option("--state-key-file", type=click.Path(path_type=Path), envvar=_env("STATE_KEY_FILE"),
+              help="HMAC key file for the state annotation (one key per line, first signs); default "
+              "<cert-dir>/state.key, generated for development when missing.")
+@click.option("--workers", default=2, show_default=True, type=int, envvar=_env("WORKERS"))
+@click.option("--threads", default=8, show_default=True, type=int, envvar=_env("THREADS"))
+@click.option("--max-body-bytes", default=3 * 1024 * 1024, show_default=True, type=int,
+              envvar=_env("MAX_BODY_BYTES"), help="Larger AdmissionReview bodies get 413.")
+@click.option("--connection-max-age", default=60.0, show_default=True, type=float,
+              envvar=_env("CONNECTION_MAX_AGE"), help="Seconds before a keep-alive connection is closed after "
+              "its next response (spreads the apiserver's connections over workers; 0 disables).")
+@click.option("--kubeconfig", envvar=["CSINODE_GUARD_KUBECONFIG", "KUBECONFIG"],
+              help="Kubeconfig for cluster lookups (in-cluster config is used inside a pod).")
+@click.option("--offline", is_flag=True, envvar=_env("OFFLINE"), help="Do not contact the Kubernetes API.")
+@click.option("--max-staleness", default=120.0, show_default=True, type=float, envvar=_env("MAX_STALENESS"),
+              help="Seconds a cache may go without its watch before it counts as unknown.")
+@click.option("--cache-sync-timeout", default=30.0, show_default=True, type=float,
+              envvar=_env("CACHE_SYNC_TIMEOUT"), help="Seconds until /readyz reports ready in degraded mode.")
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"]), envvar=_env("LOG_LEVEL"))
+def serve(**kwargs: Any) -> None:
+    """Serve /mutate, /validate, /healthz and /readyz over TLS, and /metrics on plain HTTP.
+
+    With no options it runs on the bundled policy with self-generated development certificates in ./certs
+    (the CA to trust is certs/ca.crt).
+    """
+    settings = Settings(
+        host=kwargs["host"],
+        port=kwargs["port"],
+        metrics_port=kwargs["metrics_port"],
+        cert_dir=kwargs["cert_dir"],
+        dns_names=tuple(kwargs["dns_names"]),
+        generate_certs=kwargs["generate_certs"],
+        client_ca=kwargs["client_ca"],
+        policy=kwargs["policy"],
+        policy_reload_interval=kwargs["policy_reload_interval"],
+        audit_log=kwargs["audit_log"],
+        state_key_file=kwargs["state_key_file"],
+        workers=kwargs["workers"],
+        threads=kwargs["threads"],
+        max_body_bytes=kwargs["max_body_bytes"],
+        connection_max_age=kwargs["connection_max_age"],
+        kubeconfig=kwargs["kubeconfig"],
+        offline=kwargs["offline"],
+        max_staleness=kwargs["max_staleness"],
+        cache_sync_timeout=kwargs["cache_sync_timeout"],
+        log_level=kwargs["log_level"],
+    )
+    from webhook.serving import prepare_metrics_dir  # noqa: PLC0415
+
+    prepare_metrics_dir()  # before anything imports prometheus_client
+    from webhook.runtime import run  # noqa: PLC0415
+
+    sys.exit(run(settings))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    serve()

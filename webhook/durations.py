@@ -1,0 +1,43 @@
+"""Durations in policy YAML: ``30s``, ``15m``, ``1h30m``, ``2d``, or a plain number of seconds."""
+
+from __future__ import annotations
+
+import re
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+DURATION_PATTERN = r"^((\d+(\.\d+)?)(ms|s|m|h|d))+$"
+
+
+def parse_duration(value: str | float) -> float:
+    """Seconds in ``value`` (``"90s"``, ``"15m"``, ``"1h30m"``, ``45``); raises ValueError when malformed."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise ValueError(f"duration must not be negative: {value!r}")
+        return float(value)
+    text = value.strip()
+    pos = 0
+    total = 0.0
+    for match in _PART.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2)]
+        pos = match.end()
+    if pos != len(text) or not text:
+        raise ValueError(f"not a duration (use e.g. 30s, 15m, 1h30m): {value!r}")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """Render seconds compactly for messages: ``90`` -> ``1m30s``, ``3600`` -> ``1h``."""
+    s = round(seconds)
+    if s <= 0:
+        return f"{seconds:g}s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if s >= size:
+            parts.append(f"{s // size}{unit}")
+            s %= size
+    return "".join(parts)

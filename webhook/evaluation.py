@@ -1,0 +1,700 @@
+"""evaluate(request, policy, cluster view, now) -> AdmissionDecision: the pure admission pipeline.
+
+Data flows one way: AdmissionRequest -> CSINode diff -> rules (with the verified state, cluster facts and
+justifications) -> combined decision -> AdmissionResponse (patch, warnings, audit annotations). No I/O: the
+cluster view answers from memory and the clock is an argument, so the same inputs always give the same
+decision (tests, ``policy test``, ``replay``).
+
+Combination: every rule runs on every change. Scope (``spec.enforcementScope``) and exemptions turn findings
+into ``dryrun`` (exempt principals are evaluated and audited as if enforced, but never blocked); /validate turns
+an unapplied ``clamp`` into ``deny``. Any ``deny`` -> denied (403, one line per violation); otherwise clamps ->
+the most restrictive allowed count (closest to the old one); ``warn`` -> warnings; ``dryrun`` -> audit only.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from webhook.budget import IncreaseBudget
+from webhook.cluster import AttachError, AttachErrorClass, ClusterView
+from webhook.csinode import CountChange, CSINode, CSINodeError, diff_drivers, format_count, parse_csinode
+from webhook.justification import JUSTIFICATION_ANNOTATION, JustificationError, parse_justifications
+from webhook.patch import Operation, remove_annotation, replace_drivers, set_annotation, set_count
+from webhook.policy import STATE_INTEGRITY, DriverPolicy, EnforcementAction, Policy
+from webhook.review import AdmissionRequest, AdmissionResponse
+from webhook.rules import RULES
+from webhook.rules.base import RuleContext, Violation, Writer
+from webhook.rules.change_rate import RULE_ID as CHANGE_RATE
+from webhook.rules.change_rate import min_interval
+from webhook.rules.writer_identity import RULE_ID as WRITER_IDENTITY
+from webhook.state import (
+    STATE_ANNOTATION,
+    Approval,
+    Correction,
+    DecodedState,
+    EntryState,
+    GuardState,
+    StateKeys,
+    StateProblem,
+    decode_state,
+)
+
+
+class Mode(enum.StrEnum):
+    """Which endpoint asks: /mutate may clamp and writes state; /validate checks the final object."""
+
+    MUTATE = "mutate"
+    VALIDATE = "validate"
+
+
+class Decision(enum.StrEnum):
+    """The outcome label used in metrics, audit records and auditAnnotations."""
+
+    ALLOW = "allow"
+    WARN = "warn"
+    CLAMP = "clamp"
+    DENY = "deny"
+    INVALID = "invalid"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True)
+class RuleOutcome:
+    """One rule's result for one change (``driver`` None: a request-level finding).
+
+    ``result`` is ``pass`` or ``violation``; ``enforcement`` the configured action, ``effective`` what it did
+    after scope, exemptions and mode. ``message`` is the full ``[rule] node/driver: old -> new: why; how``
+    line for violations, a short explanation for passes.
+    """
+
+    rule: str
+    driver: str | None
+    result: str
+    enforcement: EnforcementAction | None
+    effective: EnforcementAction | None
+    message: str
+
+
+@dataclass(frozen=True)
+class ChangeOutcome:
+    """What happened to one count change: requested ``new``, admitted ``final`` (None = unbounded)."""
+
+    change: CountChange
+    final: int | None
+    writer_version: str | None
+    correction: str | None = None
+    frozen: bool = False
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    """The result of :func:`evaluate`: the AdmissionResponse plus everything audit and metrics need."""
+
+    response: AdmissionResponse
+    decision: Decision
+    node: str = ""
+    outcomes: tuple[RuleOutcome, ...] = ()
+    changes: tuple[ChangeOutcome, ...] = ()
+    state_problem: StateProblem | None = None
+    state_detail: str = ""
+    exempt: bool = False
+    in_scope: bool = True
+    approvals_recorded: int = 0
+    new_state: GuardState | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def fired_rules(self) -> list[str]:
+        """Ids of rules with a violation, in order, without repeats."""
+        seen: list[str] = []
+        for o in self.outcomes:
+            if o.result == "violation" and o.rule not in seen:
+                seen.append(o.rule)
+        return seen
+
+
+@dataclass
+class _Finding:
+    change: CountChange | None
+    violation: Violation
+    effective: EnforcementAction
+
+
+def _line(node: str, change: CountChange | None, v: Violation, suffix: str = "") -> str:
+    if change is None:
+        where = f"{node}: {JUSTIFICATION_ANNOTATION}"
+    else:
+        where = f"{node}/{change.driver}: {format_count(change.old)} -> {format_count(change.new)}{suffix}"
+    return f"[{v.rule}] {where}: {v.why}; {v.proceed}"
+
+
+def _invalid(message: str, code: int = 400) -> AdmissionDecision:
+    return AdmissionDecision(
+        response=AdmissionResponse(
+            allowed=False,
+            status_code=code,
+            reason="BadRequest" if code == 400 else "Invalid",
+            message=message,
+            audit_annotations={"decision": Decision.INVALID.value},
+        ),
+        decision=Decision.INVALID,
+    )
+
+
+def _skip(warning: str | None = None) -> AdmissionDecision:
+    return AdmissionDecision(
+        response=AdmissionResponse(
+            allowed=True,
+            warnings=(warning,) if warning else (),
+            audit_annotations={"decision": Decision.SKIP.value},
+        ),
+        decision=Decision.SKIP,
+        notes=(warning,) if warning else (),
+    )
+
+
+def _driver_version(dp: DriverPolicy, obj: CSINode, cluster: ClusterView, node: str, driver: str) -> str | None:
+    source = dp.version_source
+    if source.type == "pod":
+        return cluster.driver_version(node, driver)
+    if source.type == "kubelet":
+        return cluster.kubelet_version(node)
+    raw = obj.annotations.get(source.annotation)
+    if not raw:
+        return None
+    try:
+        versions = json.loads(raw)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    value = versions.get(driver) if isinstance(versions, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _in_scope(policy: Policy, labels: Mapping[str, str] | None) -> bool:
+    wanted = policy.scope_match_labels
+    if wanted is None:
+        return True
+    if labels is None:
+        return False
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def _closest_to_old(change: CountChange, targets: Sequence[int]) -> int:
+    if change.is_increase:
+        return min(targets)
+    return max(targets)
+
+
+def _pass_reason(rule: str, ctx: RuleContext) -> str:
+    if rule == WRITER_IDENTITY:
+        if ctx.writer.is_node_kubelet:
+            return "written by the node's own kubelet"
+        if ctx.writer.is_listed_writer:
+            return f"{ctx.writer.username} is a writer the policy lists"
+        return "justified by a recorded approval"
+    if rule == "writer-version":
+        return f"driver version {ctx.driver_version or 'unknown'} ({ctx.driver_policy.version_source.type} source)"
+    if rule == "count-ceiling":
+        ceiling, why = ctx.driver_policy.ceiling.resolve(ctx.node_labels)
+        return f"within the ceiling {format_count(ceiling)} {('(' + why + ')') if why else ''}".rstrip()
+    if rule == CHANGE_RATE:
+        if not ctx.change.is_increase:
+            return "decreases are exempt"
+        if ctx.entry is None:
+            return "no earlier change recorded"
+        elapsed = (ctx.now - ctx.entry.changed_at).total_seconds()
+        return f"{elapsed:.0f}s since the last accepted change (minimum {min_interval(ctx):.0f}s)"
+    return "no correction or freeze in effect" if ctx.change.is_increase else "decrease"
+
+
+def _capacity_note(change: CountChange, errors: Sequence[AttachError] | None, fraction: float) -> str | None:
+    if change.is_increase or change.old is None or change.new is None or not errors:
+        return None
+    if change.old == 0 or (change.old - change.new) / change.old < fraction:
+        return None
+    if any(e.error_class is AttachErrorClass.CAPACITY for e in errors):
+        return None
+    counts: dict[str, int] = {}
+    for e in errors:
+        counts[e.error_class.value] = counts.get(e.error_class.value, 0) + 1
+    listed = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    return (
+        f"{change.node}/{change.driver}: {format_count(change.old)} -> {format_count(change.new)} coincides only "
+        f"with non-capacity attach errors ({listed}); lowering the count on any attach failure is a driver mistake"
+    )
+
+
+def evaluate(
+    request: AdmissionRequest,
+    policy: Policy,
+    cluster: ClusterView,
+    now: datetime,
+    keys: StateKeys,
+    *,
+    mode: Mode = Mode.MUTATE,
+    budget: IncreaseBudget | None = None,
+    budget_clock: float | None = None,
+) -> AdmissionDecision:
+    """Judge one AdmissionRequest against ``policy`` at ``now`` (timezone-aware UTC).
+
+    ``cluster`` answers node labels, versions, attach errors and driver periods (None = unknown); ``keys``
+    verify the state on ``oldObject`` and sign the new one. ``budget`` (only consulted in /mutate, for requests
+    that are not a dry run) is the per-replica cluster-wide increase budget, read with ``budget_clock`` seconds.
+
+    Never raises for bad input: an UPDATE without ``oldObject`` or with an object that is not a CSINode gives an
+    ``invalid`` decision (``allowed: false``, code 400). CREATE, DELETE, registrations and removals are allowed;
+    another resource or operation reaching the webhook is allowed with a warning.
+    """
+    if not request.is_csinode:
+        what = f"{request.resource}.{request.group}/{request.version}"
+        if request.sub_resource:
+            what += f"/{request.sub_resource}"
+        return _skip(f"csinode-guard judges only storage.k8s.io/v1 csinodes, not {what}; check its webhook rules")
+    if request.operation in ("CREATE", "DELETE"):
+        return _skip()
+    if request.operation != "UPDATE":
+        return _skip(f"csinode-guard judges only UPDATE of csinodes, not {request.operation}")
+    if request.old_object is None:
+        return _invalid("UPDATE of a CSINode without oldObject: csinode-guard cannot tell what changed")
+    if request.object is None:
+        return _invalid("UPDATE of a CSINode without object")
+    try:
+        old = parse_csinode(request.old_object, "oldObject")
+        new = parse_csinode(request.object, "object")
+    except CSINodeError as exc:
+        return _invalid(f"not a valid CSINode: {exc}")
+    return _Evaluation(request, policy, cluster, now, keys, mode, budget, budget_clock, old, new).run()
+
+
+class _Evaluation:
+    """One evaluation's working set; see :func:`evaluate`."""
+
+    def __init__(
+        self,
+        request: AdmissionRequest,
+        policy: Policy,
+        cluster: ClusterView,
+        now: datetime,
+        keys: StateKeys,
+        mode: Mode,
+        budget: IncreaseBudget | None,
+        budget_clock: float | None,
+        old: CSINode,
+        new: CSINode,
+    ) -> None:
+        self.request = request
+        self.policy = policy
+        self.cluster = cluster
+        self.now = now
+        self.keys = keys
+        self.mode = mode
+        self.budget = budget
+        self.budget_clock = budget_clock if budget_clock is not None else now.timestamp()
+        self.old = old
+        self.new = new
+        self.node = new.name or old.name or request.name
+        self.uid = old.uid or new.uid
+        self.findings: list[_Finding] = []
+        self.outcomes: list[RuleOutcome] = []
+        self.notes: list[str] = []
+        self.contexts: dict[str, RuleContext] = {}
+        self.exempt = policy.exemptions.contains(request.username, request.groups)
+        self.labels = cluster.node_labels(self.node)
+        self.in_scope = _in_scope(policy, self.labels)
+        self.writer = Writer(
+            username=request.username,
+            groups=request.groups,
+            is_node_kubelet=request.username == f"system:node:{self.node}" and "system:nodes" in request.groups,
+            is_listed_writer=policy.writers.contains(request.username, request.groups),
+        )
+        self.decoded: DecodedState = decode_state(old.annotations.get(STATE_ANNOTATION), self.uid, keys)
+        self.state = self.decoded.state or GuardState(uid=self.uid)
+        self.approvals: list[Approval] = list(self.state.approvals)
+        self.approvals_recorded = 0
+
+    # -- findings -------------------------------------------------------------------------------------------
+    def _effective(self, v: Violation, change: CountChange | None) -> EnforcementAction:
+        action = v.action
+        if not self.in_scope or self.exempt:
+            return EnforcementAction.DRYRUN
+        if action is EnforcementAction.CLAMP and (self.mode is Mode.VALIDATE or v.clamp_to is None):
+            return EnforcementAction.DENY
+        return action
+
+    def _add(self, change: CountChange | None, v: Violation) -> None:
+        effective = self._effective(v, change)
+        self.findings.append(_Finding(change, v, effective))
+        suffix = ""
+        if effective is EnforcementAction.CLAMP:
+            suffix = f" (clamped to {format_count(v.clamp_to)})"
+        self.outcomes.append(
+            RuleOutcome(
+                rule=v.rule,
+                driver=change.driver if change else None,
+                result="violation",
+                enforcement=v.action,
+                effective=effective,
+                message=_line(self.node, change, v, suffix),
+            )
+        )
+
+    # -- steps ----------------------------------------------------------------------------------------------
+    def _record_justifications(self) -> AdmissionDecision | None:
+        old_value = self.old.annotations.get(JUSTIFICATION_ANNOTATION)
+        new_value = self.new.annotations.get(JUSTIFICATION_ANNOTATION)
+        if new_value is None or new_value == old_value:
+            return None
+        if not self.policy.justifiers.contains(self.request.username, self.request.groups):
+            self._add(
+                None,
+                Violation(
+                    rule=WRITER_IDENTITY,
+                    action=self.policy.default_driver.rules.identity_action,
+                    why=f"{self.request.username or '(anonymous)'} is not a justifier the policy lists",
+                    proceed="ask a principal listed under spec.justifiers to set the justification",
+                ),
+            )
+            return None
+        try:
+            parsed = parse_justifications(new_value)
+        except JustificationError as exc:
+            return _invalid(str(exc))
+        for j in parsed:
+            if j.expires <= self.now:
+                self.notes.append(f"justification for {j.driver} expired at {j.expires.isoformat()}; not recorded")
+                continue
+            approval = Approval(
+                driver=j.driver,
+                reason=j.reason,
+                min_count=j.min_count,
+                max_count=j.max_count,
+                expires=j.expires,
+                ticket=j.ticket,
+                approved_by=self.request.username,
+                approved_at=self.now,
+            )
+            duplicate = any(
+                (a.driver, a.min_count, a.max_count, a.expires, a.reason, a.ticket)
+                == (j.driver, j.min_count, j.max_count, j.expires, j.reason, j.ticket)
+                for a in self.approvals
+            )
+            if not duplicate:
+                self.approvals.append(approval)
+                self.approvals_recorded += 1
+        return None
+
+    def _judge(self, change: CountChange) -> None:
+        dp = self.policy.for_driver(change.driver)
+        errors = self.cluster.attach_errors(
+            self.node, change.driver, self.now - timedelta(seconds=self.policy.evidence_within)
+        )
+        ctx = RuleContext(
+            change=change,
+            policy=self.policy,
+            driver_policy=dp,
+            writer=self.writer,
+            entry=self.state.entries.get(change.driver),
+            approvals=tuple(self.approvals),
+            driver_version=_driver_version(dp, self.new, self.cluster, self.node, change.driver),
+            node_labels=self.labels,
+            attach_errors=errors,
+            update_period=self.cluster.driver_update_period(change.driver),
+            now=self.now,
+        )
+        self.contexts[change.driver] = ctx
+        for rule_id, check in RULES:
+            found = check(ctx)
+            if not found:
+                self.outcomes.append(
+                    RuleOutcome(rule_id, change.driver, "pass", None, None, _pass_reason(rule_id, ctx))
+                )
+            for v in found:
+                self._add(change, v)
+        note = _capacity_note(change, errors, self.policy.large_decrease_fraction)
+        if note:
+            self.notes.append(note)
+
+    def _check_budget(self, finals: Mapping[str, int | None], changes: Sequence[CountChange]) -> None:
+        if self.budget is None or self.mode is not Mode.MUTATE or self.request.dry_run:
+            return
+        rising = [c for c in changes if self._rises(c, finals[c.driver])]
+        if not rising:
+            return
+        if self.budget.take(len(rising), self.budget_clock):
+            return
+        for c in rising:
+            self._add(
+                c,
+                Violation(
+                    rule=CHANGE_RATE,
+                    action=self.policy.for_driver(c.driver).rules.rate_action,
+                    why=f"the cluster-wide increase budget ({self.budget.rate:g}/s, burst {self.budget.burst}) "
+                    "is used up",
+                    proceed="kubelet retries at its next update period; many nodes raising counts at once "
+                    "is worth a look",
+                    clamp_to=c.old,
+                ),
+            )
+
+    def _freezes(self, f: _Finding) -> bool:
+        """A version rollback freezes increases unless its finding only ran as a dry run."""
+        if not f.violation.freeze or not self.in_scope or self.exempt:
+            return False
+        if f.violation.action is EnforcementAction.DRYRUN:  # a justified rollback still freezes
+            return f.change is not None and (
+                self.policy.for_driver(f.change.driver).rules.version_action is not EnforcementAction.DRYRUN
+            )
+        return f.effective is not EnforcementAction.DRYRUN
+
+    @staticmethod
+    def _rises(change: CountChange, final: int | None) -> bool:
+        if final is None:
+            return change.old is not None
+        return change.old is not None and final > change.old
+
+    def _finals(self, changes: Sequence[CountChange]) -> dict[str, int | None]:
+        finals: dict[str, int | None] = {}
+        for c in changes:
+            targets = [
+                f.violation.clamp_to
+                for f in self.findings
+                if f.change is c and f.effective is EnforcementAction.CLAMP and f.violation.clamp_to is not None
+            ]
+            finals[c.driver] = _closest_to_old(c, targets) if targets else c.new
+        return finals
+
+    def _check_integrity(self, changes: Sequence[CountChange]) -> None:
+        old_value = self.old.annotations.get(STATE_ANNOTATION)
+        new_value = self.new.annotations.get(STATE_ANNOTATION)
+        if not changes and new_value == old_value:
+            return
+        action = self.policy.default_driver.rules.integrity_action
+        decoded = decode_state(new_value, self.uid, self.keys)
+        if decoded.state is None:
+            problem = decoded.problem.value if decoded.problem else "unknown"
+            why = f"the final object's {STATE_ANNOTATION} is not valid ({problem})"
+            targets: list[CountChange | None] = list(changes) if changes else [None]
+            for c in targets:
+                self._add(
+                    c,
+                    Violation(STATE_INTEGRITY, action, why, "make sure csinode-guard's /mutate webhook is registered"),
+                )
+            return
+        for c in changes:
+            entry = decoded.state.entries.get(c.driver)
+            if entry is None or entry.count != c.new:
+                recorded = format_count(entry.count) if entry else "nothing"
+                self._add(
+                    c,
+                    Violation(
+                        STATE_INTEGRITY,
+                        action,
+                        f"the state records {recorded}, so the count changed after csinode-guard's /mutate ran",
+                        "find the mutating webhook that rewrites allocatable.count and remove it",
+                    ),
+                )
+
+    def _next_state(self, changes: Sequence[CountChange], finals: Mapping[str, int | None]) -> tuple[
+        GuardState | None, list[ChangeOutcome]
+    ]:
+        entries_changed = False
+        state = self.state
+        outcomes: list[ChangeOutcome] = []
+        for c in changes:
+            final = finals[c.driver]
+            ctx = self.contexts[c.driver]
+            if final == c.old:
+                outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
+                continue
+            prev = state.entries.get(c.driver)
+            freeze = any(f.change is c and self._freezes(f) for f in self.findings)
+            frozen_until = prev.frozen_until if prev and prev.frozen_until and prev.frozen_until > self.now else None
+            if freeze:
+                frozen_until = self.now + timedelta(seconds=ctx.driver_policy.rules.freeze_for)
+            correction = prev.correction if prev else None
+            basis = None
+            lower = final is not None and (c.old is None or final < c.old)
+            if lower:
+                capacity = [e for e in ctx.attach_errors or () if e.error_class is AttachErrorClass.CAPACITY]
+                if capacity:
+                    basis = "resource-exhausted"
+                elif any(a.covers(c.driver, final, self.now) for a in self.approvals):
+                    basis = "justification"
+                if basis:
+                    correction = Correction(at=self.now, before=c.old, after=final, basis=basis)
+            entry = EntryState(
+                count=final,
+                changed_at=self.now,
+                writer_version=ctx.driver_version or (prev.writer_version if prev else None),
+                frozen_until=frozen_until,
+                correction=correction,
+            )
+            state = state.with_entry(c.driver, entry)
+            entries_changed = True
+            outcomes.append(ChangeOutcome(c, final, ctx.driver_version, basis, freeze))
+        if not entries_changed and not self.approvals_recorded:
+            return None, outcomes
+        state = replace(state, approvals=tuple(self.approvals)).pruned(self.now, list(self.new.drivers))
+        return state, outcomes
+
+    def _patch(self, changes: Sequence[CountChange], finals: Mapping[str, int | None],
+               new_state: GuardState | None) -> list[Operation]:
+        ops: list[Operation] = []
+        raw_new = list((self.request.object or {}).get("spec", {}).get("drivers") or [])
+        raw_old = list((self.request.old_object or {}).get("spec", {}).get("drivers") or [])
+        clamped = [c for c in changes if finals[c.driver] != c.new]
+        final_drivers = copy.deepcopy(raw_new)
+        for c in clamped:
+            final = finals[c.driver]
+            if final is None:  # pragma: no cover - a clamp target is always a count
+                continue
+            entry = final_drivers[c.index]
+            allocatable = entry.get("allocatable")
+            ops.append(set_count(c.index, final, isinstance(allocatable, dict)))
+            if isinstance(allocatable, dict):
+                allocatable["count"] = final
+            else:
+                entry["allocatable"] = {"count": final}
+        by_name = {d.get("name"): d for d in final_drivers if isinstance(d, dict)}
+        old_by_name = {d.get("name"): d for d in raw_old if isinstance(d, dict)}
+        if clamped and by_name == old_by_name and final_drivers != raw_old:
+            # The clamped result equals the stored object but kubelet re-appended the driver: restore the
+            # stored order so that the PUT is a no-op for the apiserver (nothing written to etcd).
+            ops = [replace_drivers(raw_old)]
+        old_value = self.old.annotations.get(STATE_ANNOTATION)
+        new_value = self.new.annotations.get(STATE_ANNOTATION)
+        if new_state is not None:
+            ops.extend(set_annotation(STATE_ANNOTATION, self._encode(new_state), self.new.has_annotations))
+        elif new_value != old_value:
+            # Whatever a request itself puts in the state annotation is replaced.
+            if old_value is None:
+                ops.append(remove_annotation(STATE_ANNOTATION))
+            else:
+                ops.extend(set_annotation(STATE_ANNOTATION, old_value, self.new.has_annotations))
+        return ops
+
+    def _encode(self, state: GuardState) -> str:
+        from webhook.state import encode_state  # noqa: PLC0415 - keeps the import list of the hot path short
+
+        return encode_state(state, self.keys)
+
+    # -- the pipeline ---------------------------------------------------------------------------------------
+    def run(self) -> AdmissionDecision:
+        invalid = self._record_justifications()
+        if invalid is not None:
+            return invalid
+        changes = diff_drivers(self.old, self.new)
+        for change in changes:
+            self._judge(change)
+        if self.mode is Mode.VALIDATE:
+            self._check_integrity(changes)
+        finals = self._finals(changes)
+        if not any(f.effective is EnforcementAction.DENY for f in self.findings):
+            self._check_budget(finals, changes)
+            finals = self._finals(changes)
+        denied = [f for f in self.findings if f.effective is EnforcementAction.DENY]
+        problem = self.decoded.problem
+        detail = self.decoded.detail
+        if denied:
+            lines = [_line(self.node, f.change, f.violation) for f in denied]
+            response = AdmissionResponse(
+                allowed=False,
+                status_code=403,
+                reason="Forbidden",
+                message="\n".join(lines),
+                warnings=tuple(self.notes),
+                audit_annotations=self._audit_annotations(Decision.DENY),
+            )
+            outcomes = [ChangeOutcome(c, c.old, self.contexts[c.driver].driver_version) for c in changes]
+            return self._decision(response, Decision.DENY, outcomes, None, problem, detail)
+        new_state, change_outcomes = self._next_state(changes, finals)
+        ops = self._patch(changes, finals, new_state) if self.mode is Mode.MUTATE else []
+        warnings: list[str] = []
+        decision = Decision.ALLOW
+        for f in self.findings:
+            final = finals[f.change.driver] if f.change is not None else None
+            if f.effective is EnforcementAction.CLAMP and f.change is not None and final != f.change.new:
+                decision = Decision.CLAMP
+                warnings.append(_line(self.node, f.change, f.violation, f" (clamped to {format_count(final)})"))
+            elif f.effective is EnforcementAction.WARN:
+                if decision is Decision.ALLOW:
+                    decision = Decision.WARN
+                warnings.append(_line(self.node, f.change, f.violation))
+        warnings.extend(self.notes)
+        response = AdmissionResponse(
+            allowed=True,
+            warnings=tuple(warnings),
+            patch=tuple(ops),
+            audit_annotations=self._audit_annotations(decision),
+        )
+        return self._decision(response, decision, change_outcomes, new_state, problem, detail)
+
+    def _audit_annotations(self, decision: Decision) -> dict[str, str]:
+        fired = []
+        for f in self.findings:
+            if f.violation.rule not in fired:
+                fired.append(f.violation.rule)
+        annotations = {"decision": decision.value, "policy": self.policy.hash}
+        if fired:
+            annotations["rules"] = ",".join(fired)
+        if self.exempt:
+            annotations["exempt"] = "true"
+        return annotations
+
+    def _decision(
+        self,
+        response: AdmissionResponse,
+        decision: Decision,
+        changes: list[ChangeOutcome],
+        new_state: GuardState | None,
+        problem: StateProblem | None,
+        detail: str,
+    ) -> AdmissionDecision:
+        return AdmissionDecision(
+            response=response,
+            decision=decision,
+            node=self.node,
+            outcomes=tuple(self.outcomes),
+            changes=tuple(changes),
+            state_problem=problem,
+            state_detail=detail,
+            exempt=self.exempt,
+            in_scope=self.in_scope,
+            approvals_recorded=self.approvals_recorded,
+            new_state=new_state,
+            notes=tuple(self.notes),
+        )
+
+
+def explain(decision: AdmissionDecision) -> list[str]:
+    """One human-readable line per rule outcome (``evaluate`` CLI, ``policy test`` diffs)."""
+    lines = []
+    for o in decision.outcomes:
+        where = o.driver or "(request)"
+        if o.result == "pass":
+            lines.append(f"{o.rule:16} {where}: pass - {o.message}")
+        else:
+            effective = o.effective.value if o.effective else "?"
+            configured = o.enforcement.value if o.enforcement else "?"
+            lines.append(f"{o.rule:16} {where}: violation ({configured} -> {effective}) - {o.message}")
+    for note in decision.notes:
+        lines.append(f"note: {note}")
+    if decision.state_problem is not None and decision.state_problem is not StateProblem.MISSING:
+        lines.append(f"state: ignored ({decision.state_problem.value}: {decision.state_detail}); entries judged as new")
+    return lines
+
+
+def response_summary(decision: AdmissionDecision) -> dict[str, Any]:
+    """A compact dict of a decision (decision, fired rules, finals) for CLIs and tests."""
+    return {
+        "decision": decision.decision.value,
+        "rules": decision.fired_rules,
+        "finals": {c.change.driver: c.final for c in decision.changes},
+    }

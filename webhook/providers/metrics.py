@@ -1,0 +1,70 @@
+"""Prometheus metrics of the cluster caches (registered once, at import, in the default registry).
+
+The webhook runs under gunicorn with several worker processes in prometheus multiprocess mode
+(``PROMETHEUS_MULTIPROC_DIR``); every worker runs its own caches. Gauges therefore name how the workers' values
+combine: ``livemin`` for "synced" (the worst live worker), ``livemax`` for the others (the worst live worker);
+counters and histograms add up. No metric has a per-node label: nodes come and go and would explode cardinality.
+
+``kind`` is one of ``nodes``, ``csidrivers``, ``volumeattachments``, ``pods``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+CACHE_SYNCED = Gauge(
+    "csinode_guard_cache_synced",
+    "1 when the watch cache of this kind has completed its initial list, else 0.",
+    ["kind"],
+    multiprocess_mode="livemin",
+)
+
+CACHE_OBJECTS = Gauge(
+    "csinode_guard_cache_objects",
+    "Objects held in the watch cache of this kind (pods: Running driver pods only).",
+    ["kind"],
+    multiprocess_mode="livemax",
+)
+
+CACHE_STALENESS = Gauge(
+    "csinode_guard_cache_staleness_seconds",
+    "Seconds since the watch of this kind was lost (0 while it is up); above --max-staleness its answers are unknown.",
+    ["kind"],
+    multiprocess_mode="livemax",
+)
+
+CACHE_DEGRADED = Gauge(
+    "csinode_guard_cache_degraded",
+    "1 when the guard became ready after --cache-sync-timeout without all caches synced (degraded mode).",
+    multiprocess_mode="livemax",
+)
+
+WATCH_RESTARTS = Counter(
+    "csinode_guard_watch_restarts",
+    "Restarts of a list/watch loop by kind and reason: gone (410, re-list), dropped (connection lost),"
+    " error (HTTP error status), closed (server ended the watch), decode (unreadable event).",
+    ["kind", "reason"],
+)
+
+CACHE_LOOKUP_TIMEOUTS = Counter(
+    "csinode_guard_cache_lookup_timeouts",
+    "Cache lookups on the admission path that gave up (answered unknown) because the cache lock was not"
+    " available within the lookup budget.",
+    ["kind"],
+)
+
+ATTACH_ERRORS = Gauge(
+    "csinode_guard_attach_errors",
+    "VolumeAttachments currently carrying status.attachError, by attacher (driver) and error class"
+    " (capacity = gRPC ResourceExhausted, KEP-4876).",
+    ["driver", "class"],
+    multiprocess_mode="livemax",
+)
+
+HEADROOM = Histogram(
+    "csinode_guard_attach_headroom_volumes",
+    "Headroom of a node for a driver when a count is judged: CSINode allocatable count minus attached"
+    " VolumeAttachments (negative: more attached than allowed).",
+    ["driver"],
+    buckets=(-8, -4, -2, -1, 0, 1, 2, 4, 8, 16, 32, 64, 128),
+)

@@ -1,0 +1,236 @@
+"""AdmissionReview ``admission.k8s.io/v1`` on the wire: parse a request, build a response.
+
+This is the only module that knows the envelope. Field names keep Kubernetes' camelCase (``userInfo``,
+``oldObject``, ``dryRun``). Source: k8s.io/api/admission/v1 types.go and the dynamic admission control docs
+(the response must echo ``uid``, ``apiVersion: admission.k8s.io/v1`` and ``kind: AdmissionReview``; a patch is a
+base64-encoded JSONPatch with ``patchType: JSONPatch``; warnings are at most 256 characters, no newlines; audit
+annotation keys are qualified by the apiserver with the webhook name, so they must not contain ``/``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NotRequired, TypedDict
+
+API_VERSION = "admission.k8s.io/v1"
+KIND = "AdmissionReview"
+MAX_WARNING_LENGTH = 256
+
+
+class ReviewError(ValueError):
+    """The HTTP body is not a usable AdmissionReview v1. ``http_status`` is the status to answer (400)."""
+
+    def __init__(self, message: str, http_status: int = 400) -> None:
+        super().__init__(message)
+        self.message = message
+        self.http_status = http_status
+
+
+class GroupVersionKind(TypedDict):
+    """``kind`` of an AdmissionRequest: ``{"group": "storage.k8s.io", "version": "v1", "kind": "CSINode"}``."""
+
+    group: str
+    version: str
+    kind: str
+
+
+class GroupVersionResource(TypedDict):
+    """``resource`` of an AdmissionRequest: ``{"group": "storage.k8s.io", "version": "v1", "resource": ...}``."""
+
+    group: str
+    version: str
+    resource: str
+
+
+class UserInfo(TypedDict, total=False):
+    """``request.userInfo`` (authentication.k8s.io/v1 UserInfo)."""
+
+    username: str
+    uid: str
+    groups: list[str]
+    extra: dict[str, list[str]]
+
+
+class AdmissionRequestWire(TypedDict):
+    """``request`` of an AdmissionReview as the apiserver sends it."""
+
+    uid: str
+    kind: GroupVersionKind
+    resource: GroupVersionResource
+    operation: str
+    userInfo: UserInfo
+    name: NotRequired[str]
+    namespace: NotRequired[str]
+    subResource: NotRequired[str]
+    object: NotRequired[dict[str, Any] | None]
+    oldObject: NotRequired[dict[str, Any] | None]
+    dryRun: NotRequired[bool]
+    options: NotRequired[dict[str, Any] | None]
+
+
+@dataclass(frozen=True)
+class AdmissionRequest:
+    """A parsed AdmissionRequest. ``object``/``old_object`` are the raw JSON objects (dicts) or None.
+
+    ``operation`` is ``CREATE``/``UPDATE``/``DELETE``/``CONNECT``; ``dry_run`` is the apiserver's ``dryRun``
+    flag (nothing is persisted), which is unrelated to the ``dryrun`` enforcement action.
+    """
+
+    uid: str
+    operation: str
+    group: str
+    version: str
+    resource: str
+    sub_resource: str
+    name: str
+    username: str
+    groups: tuple[str, ...]
+    dry_run: bool
+    object: Mapping[str, Any] | None
+    old_object: Mapping[str, Any] | None
+    api_version: str = API_VERSION
+
+    @property
+    def is_csinode(self) -> bool:
+        """True for ``storage.k8s.io/v1 csinodes`` without a subresource."""
+        return (
+            self.group == "storage.k8s.io"
+            and self.version == "v1"
+            and self.resource == "csinodes"
+            and not self.sub_resource
+        )
+
+
+def _require(mapping: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
+    value = mapping.get(key)
+    if not isinstance(value, kind):
+        raise ReviewError(f"{where}.{key} must be a {kind.__name__}")
+    return value
+
+
+def parse_review(body: bytes | str) -> AdmissionRequest:
+    """Parse the bytes of an HTTP body into an :class:`AdmissionRequest`.
+
+    Raises :class:`ReviewError` (HTTP 400) when the body is not JSON, is not an ``admission.k8s.io/v1``
+    ``AdmissionReview``, has no ``request`` or a request without ``uid``/``operation``/``resource``. Objects
+    are not validated here; ``webhook.csinode`` does that.
+    """
+    try:
+        doc = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise ReviewError(f"body is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ReviewError("body must be a JSON object (an AdmissionReview)")
+    if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
+        raise ReviewError(
+            f"expected apiVersion {API_VERSION!r} and kind {KIND!r}, got "
+            f"{str(doc.get('apiVersion'))[:64]!r} and {str(doc.get('kind'))[:64]!r}"
+        )
+    request = doc.get("request")
+    if not isinstance(request, dict):
+        raise ReviewError("AdmissionReview has no request")
+    uid = _require(request, "uid", str, "request")
+    if not uid:
+        raise ReviewError("request.uid must not be empty")
+    operation = _require(request, "operation", str, "request")
+    resource = _require(request, "resource", dict, "request")
+    user = request.get("userInfo") or {}
+    if not isinstance(user, dict):
+        raise ReviewError("request.userInfo must be an object")
+    groups = user.get("groups") or []
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise ReviewError("request.userInfo.groups must be a list of strings")
+    obj = request.get("object")
+    old = request.get("oldObject")
+    for key, value in (("object", obj), ("oldObject", old)):
+        if value is not None and not isinstance(value, dict):
+            raise ReviewError(f"request.{key} must be an object or null")
+    dry_run = request.get("dryRun", False)
+    if not isinstance(dry_run, bool):
+        raise ReviewError("request.dryRun must be a boolean")
+    return AdmissionRequest(
+        uid=uid,
+        operation=operation,
+        group=str(resource.get("group", "")),
+        version=str(resource.get("version", "")),
+        resource=str(resource.get("resource", "")),
+        sub_resource=str(request.get("subResource") or ""),
+        name=str(request.get("name") or ""),
+        username=str(user.get("username") or ""),
+        groups=tuple(groups),
+        dry_run=dry_run,
+        object=obj,
+        old_object=old,
+    )
+
+
+def peek_uid(body: bytes | str) -> str | None:
+    """Best-effort ``request.uid`` of a body that failed :func:`parse_review`, for error logs; never raises."""
+    try:
+        doc = json.loads(body)
+        uid = doc["request"]["uid"]
+        return uid if isinstance(uid, str) else None
+    except Exception:
+        return None
+
+
+def clean_warning(text: str) -> str:
+    """Make ``text`` a valid AdmissionResponse warning: one line, at most 256 characters."""
+    line = " ".join(text.split())
+    if len(line) > MAX_WARNING_LENGTH:
+        line = line[: MAX_WARNING_LENGTH - 3] + "..."
+    return line
+
+
+@dataclass(frozen=True)
+class AdmissionResponse:
+    """What the webhook answers, before it is put in the envelope.
+
+    ``status_code``/``reason``/``message`` fill ``response.status`` when not allowed (403 Forbidden for a
+    policy denial, 400 BadRequest for an unusable request). ``patch`` is a list of RFC 6902 operations, only
+    for /mutate. ``audit_annotations`` keys must not contain ``/``.
+    """
+
+    allowed: bool
+    status_code: int = 200
+    reason: str = ""
+    message: str = ""
+    warnings: Sequence[str] = ()
+    patch: Sequence[Mapping[str, Any]] = ()
+    audit_annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+def build_response(uid: str, response: AdmissionResponse, *, allow_patch: bool) -> dict[str, Any]:
+    """Build the AdmissionReview JSON document answering request ``uid``.
+
+    Always echoes ``apiVersion``, ``kind`` and ``response.uid``. ``patch``/``patchType`` are present only when
+    ``allow_patch`` (the /mutate endpoint) and the patch is not empty; a validating webhook must not return a
+    patch. Warnings are cleaned to one line of at most 256 characters and de-duplicated in order.
+    """
+    body: dict[str, Any] = {"uid": uid, "allowed": response.allowed}
+    if not response.allowed:
+        body["status"] = {
+            "code": response.status_code,
+            "reason": response.reason,
+            "message": response.message,
+        }
+    warnings: list[str] = []
+    for w in response.warnings:
+        cleaned = clean_warning(w)
+        if cleaned and cleaned not in warnings:
+            warnings.append(cleaned)
+    if warnings:
+        body["warnings"] = warnings
+    if response.audit_annotations:
+        for key in response.audit_annotations:
+            if "/" in key:
+                raise ValueError(f"audit annotation key {key!r} must not contain '/'")
+        body["auditAnnotations"] = dict(response.audit_annotations)
+    if allow_patch and response.allowed and response.patch:
+        raw = json.dumps(list(response.patch), separators=(",", ":")).encode()
+        body["patchType"] = "JSONPatch"
+        body["patch"] = base64.b64encode(raw).decode("ascii")
+    return {"apiVersion": API_VERSION, "kind": KIND, "response": body}

@@ -1,0 +1,84 @@
+"""What every rule sees (:class:`RuleContext`) and returns (:class:`Violation`).
+
+A rule is a pure function ``check(ctx) -> list[Violation]`` over one count change. It never performs I/O; the
+evaluation gathers the facts (state, cluster view answers, justifications) into the context first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from webhook.cluster import AttachError
+from webhook.csinode import CountChange
+from webhook.policy import DriverPolicy, EnforcementAction, Policy
+from webhook.state import Approval, EntryState
+
+
+@dataclass(frozen=True)
+class Writer:
+    """The requester: ``userInfo.username``/``groups`` and how the policy sees it."""
+
+    username: str
+    groups: tuple[str, ...]
+    is_node_kubelet: bool
+    is_listed_writer: bool
+
+
+@dataclass(frozen=True)
+class RuleContext:
+    """Facts for judging one :class:`CountChange` at ``now`` (UTC).
+
+    ``entry`` is the verified state of the entry (None = judged as new); ``approvals`` are the recorded
+    justifications (including any recorded by this very request); ``driver_version`` is the version of the
+    driver on the node from the policy's source (None = unknown); ``node_labels`` None = unknown;
+    ``attach_errors`` are recent errors for (node, driver) (None = unknown); ``update_period`` is the CSIDriver's
+    ``nodeAllocatableUpdatePeriodSeconds`` (None = unset or unknown).
+    """
+
+    change: CountChange
+    policy: Policy
+    driver_policy: DriverPolicy
+    writer: Writer
+    entry: EntryState | None
+    approvals: Sequence[Approval]
+    driver_version: str | None
+    node_labels: Mapping[str, str] | None
+    attach_errors: Sequence[AttachError] | None
+    update_period: float | None
+    now: datetime
+
+    @property
+    def justified(self) -> bool:
+        """True when a recorded, unexpired approval for this driver covers the new count."""
+        return any(a.covers(self.change.driver, self.change.new, self.now) for a in self.approvals)
+
+    def justification_for(self) -> Approval | None:
+        """The first approval that covers this change, if any."""
+        for a in self.approvals:
+            if a.covers(self.change.driver, self.change.new, self.now):
+                return a
+        return None
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One finding of a rule against one change.
+
+    ``action`` is the configured enforcement action for this finding (the evaluation may soften it: scope,
+    exemptions, dry run). ``clamp_to`` is the nearest allowed count when the finding can be clamped (None: it
+    cannot). ``freeze`` asks the evaluation to freeze increases of the entry when the change is admitted.
+    """
+
+    rule: str
+    action: EnforcementAction
+    why: str
+    proceed: str
+    clamp_to: int | None = None
+    freeze: bool = False
+
+
+def soften_for_decrease(action: EnforcementAction) -> EnforcementAction:
+    """A lower count is the safe direction: ``deny`` becomes ``warn``; others stay (clamp lowers further)."""
+    return EnforcementAction.WARN if action is EnforcementAction.DENY else action

@@ -1,0 +1,142 @@
+"""Wiring for ``serve``: checks in the master, then one :class:`webhook.server.Runtime` per worker process."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from webhook.logs import setup_logging
+from webhook.policy import PolicyError
+from webhook.settings import Settings
+
+log = logging.getLogger("csinode_guard.runtime")
+
+
+def run(settings: Settings) -> int:
+    """Start the server described by ``settings``; returns the process exit code.
+
+    Fails fast (exit code 2, one clear log line) on a broken policy, missing certificates with
+    ``--no-generate-certs``, or an unusable state key; it never starts half-configured.
+    """
+    setup_logging(settings.log_level)
+    from webhook import tls  # noqa: PLC0415
+    from webhook.policy_store import PolicyStore  # noqa: PLC0415
+    from webhook.serving import GuardApplication, gunicorn_options, new_audit_lock, start_metrics_server  # noqa: PLC0415
+    from webhook.state import StateKeys  # noqa: PLC0415
+
+    try:
+        initial = PolicyStore(settings.policy, interval=0).current()
+    except PolicyError as exc:
+        log.error("policy refused, not starting: %s", exc)
+        return 2
+    try:
+        if settings.generate_certs:
+            paths = tls.ensure_dev_certs(settings.cert_dir, settings.dns_names or tls.DEFAULT_DNS_NAMES)
+            cert_file, key_file = paths.tls_cert, paths.tls_key
+        else:
+            cert_file, key_file = settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key"
+        ssl_source = tls.ReloadingSSLContext(cert_file, key_file, client_ca=settings.client_ca)
+        key_path = settings.state_key_path
+        if not key_path.exists() and not settings.generate_certs:
+            raise tls.StateKeyError(f"state key file {key_path} does not exist")
+        keys = StateKeys(tls.ensure_state_key(key_path))
+    except (tls.CertificateError, tls.StateKeyError, OSError, ValueError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    for problem in tls.certificate_problems(cert_file):
+        log.error("serving certificate problem: %s", problem)
+    audit_lock = new_audit_lock()
+    log.info(
+        "csinode-guard serving https://%s:%d (policy %s, hash %s; certificates in %s; audit log %s)",
+        settings.host, settings.port, initial.policy.source, initial.policy.hash, settings.cert_dir,
+        settings.audit_log,
+    )
+
+    def when_ready(_server: Any) -> None:
+        start_metrics_server(settings.metrics_port)
+
+    def ssl_hook(_conf: Any, _default: Any) -> Any:
+        return ssl_source.context()
+
+    def app_factory() -> Any:
+        return build_worker_app(settings, keys, audit_lock, cert_file)
+
+    options = gunicorn_options(settings, cert_file, key_file, ssl_hook, when_ready)
+    GuardApplication(settings, app_factory, options).run()
+    return 0
+
+
+def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: Any) -> Any:
+    """Build one worker's Flask app: policy store (hot reload), cluster view, audit writer, metrics."""
+    setup_logging(settings.log_level)
+    from webhook import metrics, tls  # noqa: PLC0415
+    from webhook.audit import AuditWriter  # noqa: PLC0415
+    from webhook.policy_store import PolicySnapshot, PolicyStore  # noqa: PLC0415
+    from webhook.server import Runtime, create_app  # noqa: PLC0415
+
+    previous: dict[str, str] = {}
+
+    def on_reload(result: str, snapshot: PolicySnapshot) -> None:
+        metrics.POLICY_RELOADS.labels(result).inc()
+        if result == "success":
+            _publish_policy(snapshot, previous)
+
+    store = PolicyStore(settings.policy, interval=settings.policy_reload_interval, on_reload=on_reload)
+    _publish_policy(store.current(), previous)
+    store.start()
+    cluster, readiness, on_policy = build_cluster(settings, store.current().policy)
+    if on_policy is not None:
+        def on_reload_cluster(result: str, snapshot: PolicySnapshot) -> None:
+            on_reload(result, snapshot)
+            if result == "success":
+                on_policy(snapshot.policy)
+
+        store._on_reload = on_reload_cluster  # noqa: SLF001 - wiring within the package
+
+    def certificate_problems() -> list[str]:
+        try:
+            metrics.CERT_EXPIRY.set(tls.certificate_not_after(cert_file).timestamp())
+        except Exception:  # noqa: BLE001 - reported through the problems list
+            pass
+        problems = tls.certificate_problems(cert_file, now=datetime.now(UTC))
+        for p in problems:
+            log.error("serving certificate: %s", p)
+        return problems
+
+    certificate_problems()
+    audit = AuditWriter(settings.audit_log, lock=audit_lock, on_failure=lambda _r: metrics.AUDIT_FAILURES.inc())
+    runtime = Runtime(
+        policies=store,
+        cluster=cluster,
+        keys=keys,
+        audit=audit,
+        max_body_bytes=settings.max_body_bytes,
+        connection_max_age=settings.connection_max_age,
+        readiness=readiness,
+        certificate_problems=certificate_problems,
+        cert_file=cert_file,
+    )
+    return create_app(runtime)
+
+
+def _publish_policy(snapshot: Any, previous: dict[str, str]) -> None:
+    from webhook import metrics  # noqa: PLC0415
+
+    old = previous.get("hash")
+    if old and old != snapshot.policy.hash:
+        metrics.POLICY_INFO.labels(old, previous.get("name", "")).set(0)
+    metrics.POLICY_INFO.labels(snapshot.policy.hash, snapshot.policy.name).set(1)
+    metrics.POLICY_GENERATION.set(snapshot.generation)
+    previous["hash"] = snapshot.policy.hash
+    previous["name"] = snapshot.policy.name
+
+
+def build_cluster(settings: Settings, policy: Any) -> tuple[Any, Any, Any]:
+    """The cluster view for this worker: (view, readiness() -> (ready, reason), on_policy(policy) or None)."""
+    from webhook.cluster import UnknownClusterView  # noqa: PLC0415
+
+    if settings.offline:
+        log.info("offline: no cluster lookups; increases are judged on what the request carries")
+        return UnknownClusterView(), (lambda: (True, "offline")), None
+    return UnknownClusterView(), (lambda: (True, "offline")), None

@@ -1,0 +1,216 @@
+"""The Flask app factory: POST /mutate and /validate, GET /healthz and /readyz.
+
+Two error channels, kept apart: a request that is not a usable AdmissionReview is the apiserver's problem and
+gets an HTTP error with a JSON body (400 not JSON / not an AdmissionReview v1 / no request, 415 wrong content
+type, 413 body over the limit, never 500); a policy denial is the writer's and is an HTTP 200 AdmissionReview
+with ``allowed: false``. Nothing happens at import; collaborators live in ``app.extensions["csinode_guard"]``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response, current_app, jsonify, request
+from werkzeug.exceptions import HTTPException
+
+from webhook import metrics
+from webhook.audit import AuditWriter, build_records
+from webhook.budget import IncreaseBudget
+from webhook.cluster import ClusterView
+from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate
+from webhook.policy import Policy
+from webhook.policy_store import PolicyStore
+from webhook.review import AdmissionRequest, AdmissionResponse, ReviewError, build_response, parse_review, peek_uid
+from webhook.state import StateKeys
+
+log = logging.getLogger("csinode_guard.server")
+EXTENSION = "csinode_guard"
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class Runtime:
+    """Everything a request needs, built once per worker process.
+
+    ``readiness()`` returns (ready, reason) for the cluster caches; ``certificate_problems()`` lists problems
+    of the serving certificate (expired...). ``clock`` returns timezone-aware UTC.
+    """
+
+    policies: PolicyStore
+    cluster: ClusterView
+    keys: StateKeys
+    audit: AuditWriter
+    max_body_bytes: int = 3 * 1024 * 1024
+    connection_max_age: float = 60.0
+    clock: Callable[[], datetime] = _utcnow
+    readiness: Callable[[], tuple[bool, str]] = lambda: (True, "offline")
+    certificate_problems: Callable[[], list[str]] = list
+    cert_file: Path | None = None
+    _budget: tuple[str, IncreaseBudget | None] = ("", None)
+    _connections: weakref.WeakKeyDictionary[Any, list[float]] = field(default_factory=weakref.WeakKeyDictionary)
+
+    def budget_for(self, policy: Policy) -> IncreaseBudget | None:
+        """The cluster-wide increase budget for ``policy`` (kept across requests, rebuilt on a new policy)."""
+        key, bucket = self._budget
+        if key != policy.hash:
+            cfg = policy.cluster_budget
+            bucket = IncreaseBudget(cfg.increases_per_second, cfg.burst) if cfg else None
+            self._budget = (policy.hash, bucket)
+        return bucket
+
+    def should_close(self, sock: Any) -> bool:
+        """True when the keep-alive connection ``sock`` is older than ``connection_max_age`` seconds.
+
+        Closing it after a response makes the apiserver reconnect, and a new connection may land on another
+        worker process: the few long-lived connections the apiserver keeps do not stay pinned to one worker.
+        """
+        if sock is None or self.connection_max_age <= 0:
+            return False
+        now = time.monotonic()
+        try:
+            opened = self._connections.setdefault(sock, [now])
+        except TypeError:
+            return False
+        return now - opened[0] >= self.connection_max_age
+
+
+def _error(code: int, message: str) -> tuple[Response, int]:
+    metrics.BAD_REQUESTS.labels(str(code)).inc()
+    return jsonify({"error": message, "code": code}), code
+
+
+def _internal_error_decision() -> AdmissionDecision:
+    return AdmissionDecision(
+        response=AdmissionResponse(
+            allowed=True,
+            warnings=("csinode-guard could not judge this write (internal error); it was admitted unjudged",),
+            audit_annotations={"decision": "error"},
+        ),
+        decision=Decision.SKIP,
+        notes=("internal error: admitted unjudged",),
+    )
+
+
+def _review(mode: Mode) -> tuple[Response, int] | Response:
+    runtime: Runtime = current_app.extensions[EXTENSION]
+    started = time.perf_counter()
+    if request.mimetype != "application/json":
+        return _error(415, f"Content-Type must be application/json, not {request.mimetype or '(none)'!r}")
+    if request.content_length is not None and request.content_length > runtime.max_body_bytes:
+        return _error(413, f"body of {request.content_length} bytes is over the limit of {runtime.max_body_bytes}")
+    body = request.get_data(cache=False)
+    try:
+        review = parse_review(body)
+    except ReviewError as exc:
+        log.warning("bad AdmissionReview (uid %s): %s", peek_uid(body), exc.message)
+        return _error(exc.http_status, exc.message)
+    snapshot = runtime.policies.current()
+    policy = snapshot.policy
+    now = runtime.clock()
+    try:
+        decision = evaluate(
+            review,
+            policy,
+            runtime.cluster,
+            now,
+            runtime.keys,
+            mode=mode,
+            budget=runtime.budget_for(policy) if mode is Mode.MUTATE else None,
+            budget_clock=time.monotonic(),
+        )
+    except Exception:
+        log.exception("evaluation failed for request %s; admitting unjudged", review.uid)
+        metrics.INTERNAL_ERRORS.inc()
+        decision = _internal_error_decision()
+    if decision.decision is Decision.SKIP and decision.notes:
+        log.warning("request %s: %s", review.uid, "; ".join(decision.notes))
+    document = build_response(review.uid, decision.response, allow_patch=mode is Mode.MUTATE)
+    latency = time.perf_counter() - started
+    _audit(runtime, decision, review, mode, now, snapshot.policy.hash, snapshot.generation, latency)
+    metrics.observe_decision(mode.value, decision, review.dry_run, latency)
+    response = jsonify(document)
+    if runtime.should_close(request.environ.get("gunicorn.socket")):
+        response.headers["Connection"] = "close"
+    return response
+
+
+def _audit(
+    runtime: Runtime,
+    decision: AdmissionDecision,
+    review: AdmissionRequest,
+    mode: Mode,
+    now: datetime,
+    policy_hash: str,
+    generation: int,
+    latency: float,
+) -> None:
+    records = build_records(
+        decision,
+        review,
+        endpoint=mode,
+        now=now,
+        policy_hash=policy_hash,
+        policy_generation=generation,
+        latency_seconds=latency,
+    )
+    runtime.audit.write(records)
+
+
+def create_app(runtime: Runtime) -> Flask:
+    """Build the Flask app serving ``runtime``. Registers JSON error handlers for every HTTP error."""
+    app = Flask("csinode_guard")
+    app.config["MAX_CONTENT_LENGTH"] = runtime.max_body_bytes
+    app.json.sort_keys = False  # type: ignore[attr-defined]
+    app.extensions[EXTENSION] = runtime
+
+    @app.post("/mutate")
+    def mutate() -> Any:
+        return _review(Mode.MUTATE)
+
+    @app.post("/validate")
+    def validate() -> Any:
+        return _review(Mode.VALIDATE)
+
+    @app.get("/healthz")
+    def healthz() -> Any:
+        return jsonify({"status": "ok"})
+
+    @app.get("/readyz")
+    def readyz() -> Any:
+        snapshot = runtime.policies.current()
+        problems = list(runtime.certificate_problems())
+        cluster_ready, cluster_reason = runtime.readiness()
+        if not cluster_ready:
+            problems.append(f"cluster caches: {cluster_reason}")
+        body = {
+            "status": "ok" if not problems else "unavailable",
+            "policy": {"hash": snapshot.policy.hash, "generation": snapshot.generation},
+            "cluster": cluster_reason,
+            "problems": problems,
+        }
+        return jsonify(body), (200 if not problems else 503)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Any:
+        code = exc.code or 500
+        if code == 413:
+            return _error(413, f"body is over the limit of {runtime.max_body_bytes} bytes")
+        return _error(code, exc.description or exc.name)
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> Any:  # pragma: no cover - defence in depth
+        log.exception("unexpected error")
+        metrics.INTERNAL_ERRORS.inc()
+        return jsonify({"error": "internal error", "code": 400}), 400
+
+    return app

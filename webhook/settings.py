@@ -1,0 +1,67 @@
+"""Server settings: one frozen dataclass, filled by ``csinode-guard serve`` from flags or environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything ``serve`` needs. Times are seconds; sizes bytes.
+
+    Each field is a ``serve`` flag (``--cert-dir``) and an environment variable (``CSINODE_GUARD_CERT_DIR``).
+    """
+
+    host: str = "0.0.0.0"  # noqa: S104 - the webhook must be reachable from the apiserver
+    """Address to listen on for HTTPS."""
+    port: int = 8443
+    """HTTPS port for /mutate, /validate, /healthz, /readyz."""
+    metrics_port: int = 9090
+    """Plain-HTTP port for /metrics (0 disables)."""
+    cert_dir: Path = Path("certs")
+    """Directory with tls.crt, tls.key (and ca.crt); dev certificates are generated here when missing."""
+    dns_names: tuple[str, ...] = ()
+    """Extra DNS names for generated serving certificates (e.g. csinode-guard.csinode-guard.svc)."""
+    generate_certs: bool = True
+    """Generate a dev CA and serving certificate in cert_dir when missing."""
+    client_ca: Path | None = None
+    """When set, require TLS client certificates signed by this CA (the apiserver's webhook client cert)."""
+    policy: Path | None = None
+    """Policy YAML; None = the bundled default."""
+    policy_reload_interval: float = 5.0
+    """How often the policy file is checked for changes (hot reload), in seconds; 0 disables."""
+    audit_log: str = "-"
+    """Audit log path, or "-" for standard output."""
+    state_key_file: Path | None = None
+    """HMAC key file for the state annotation; None = <cert_dir>/state.key (generated for development)."""
+    workers: int = 2
+    """gunicorn worker processes."""
+    threads: int = 8
+    """Threads per worker (gthread)."""
+    keepalive: float = 75.0
+    """Idle keep-alive timeout in seconds (longer than the apiserver's idle connection timeout)."""
+    connection_max_age: float = 60.0
+    """Seconds after which a keep-alive connection is closed after its next response, so that the
+    apiserver's few long-lived connections keep spreading over the worker processes."""
+    max_body_bytes: int = 3 * 1024 * 1024
+    """Largest accepted AdmissionReview body; larger ones get 413 without being read."""
+    request_timeout: float = 30.0
+    """Seconds a worker may take per request before gunicorn restarts it."""
+    kubeconfig: str | None = None
+    """Kubeconfig for cluster lookups; in-cluster config is used when running in a pod; neither = offline."""
+    offline: bool = False
+    """Never contact the Kubernetes API (decisions use only what the AdmissionReview carries)."""
+    max_staleness: float = 120.0
+    """A cache whose watch has been down longer than this (seconds) counts as unknown."""
+    cache_sync_timeout: float = 30.0
+    """/readyz turns ready in degraded mode after this many seconds without a full cache sync."""
+    log_level: str = "info"
+    """Log level: debug, info, warning, error."""
+    extra: dict[str, str] = field(default_factory=dict)
+    """Reserved for forward-compatible options."""
+
+    @property
+    def state_key_path(self) -> Path:
+        """The effective state key file."""
+        return self.state_key_file or (self.cert_dir / "state.key")

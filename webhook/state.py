@@ -1,0 +1,294 @@
+"""The guard's state on the CSINode: one signed annotation, ``csinode-guard.io/state``.
+
+Rules need history: when an entry last changed, to what, by which writer version, its last correction, whether
+it is frozen, and the approvals (justifications) recorded for the object. The /mutate endpoint writes this
+annotation on every change it admits; it is keyed by the CSINode's ``metadata.uid`` (a recreated CSINode starts
+fresh) and signed with HMAC-SHA256 (``cryptography``) so that an edited, forged, truncated or copied state is
+detected and ignored. Keys rotate: the first key signs, every key verifies.
+
+Wire format (JSON, compact, keys sorted)::
+
+    {"v": 1, "uid": "<metadata.uid>",
+     "drivers": {"ebs.csi.aws.com": {
+         "count": 23, "changedAt": "2026-11-30T01:02:03.000Z", "writerVersion": "v1.37.0", "frozenUntil": null,
+         "correction": {"at": "...", "from": 25, "to": 23, "basis": "resource-exhausted"}}},
+     "approvals": [{"driver": "...", "reason": "...", "minCount": 0, "maxCount": 10, "expires": "...",
+                    "ticket": "...", "approvedBy": "alice", "approvedAt": "..."}],
+     "sig": "<base64url HMAC-SHA256 of the document without sig>"}
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, hmac
+
+STATE_ANNOTATION = "csinode-guard.io/state"
+FORMAT_VERSION = 1
+MIN_KEY_BYTES = 16
+
+
+class StateProblem(enum.StrEnum):
+    """Why a state annotation was not used (the metric label ``reason``)."""
+
+    MISSING = "missing"
+    MALFORMED = "malformed"
+    BAD_SIGNATURE = "bad-signature"
+    OTHER_OBJECT = "other-object"
+    UNSUPPORTED_VERSION = "unsupported-version"
+
+
+def format_time(when: datetime) -> str:
+    """RFC 3339 UTC with milliseconds, e.g. ``2026-11-30T01:02:03.000Z``."""
+    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(text: str) -> datetime:
+    """Parse an RFC 3339 time (``Z`` or offset); naive times are taken as UTC. Raises ValueError."""
+    parsed = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class Correction:
+    """An accepted decrease backed by ResourceExhausted evidence or a justification (``basis``)."""
+
+    at: datetime
+    before: int | None
+    after: int | None
+    basis: str
+
+
+@dataclass(frozen=True)
+class Approval:
+    """A justification recorded from an approver's annotation: allows counts in [min_count, max_count]."""
+
+    driver: str
+    reason: str
+    min_count: int
+    max_count: int
+    expires: datetime
+    ticket: str
+    approved_by: str
+    approved_at: datetime
+
+    def covers(self, driver: str, count: int | None, now: datetime) -> bool:
+        """True when this approval is for ``driver``, unexpired at ``now`` and ``count`` is in its range."""
+        if driver != self.driver or now >= self.expires:
+            return False
+        if count is None:
+            return False
+        return self.min_count <= count <= self.max_count
+
+
+@dataclass(frozen=True)
+class EntryState:
+    """History of one (node, driver) entry: last accepted count (None = unbounded) and when it changed."""
+
+    count: int | None
+    changed_at: datetime
+    writer_version: str | None = None
+    frozen_until: datetime | None = None
+    correction: Correction | None = None
+
+
+@dataclass(frozen=True)
+class GuardState:
+    """Decoded state of one CSINode (``uid``): entries by driver name and recorded approvals."""
+
+    uid: str
+    entries: Mapping[str, EntryState] = field(default_factory=dict)
+    approvals: tuple[Approval, ...] = ()
+
+    def with_entry(self, driver: str, entry: EntryState) -> GuardState:
+        """A copy with ``driver``'s entry replaced."""
+        entries = dict(self.entries)
+        entries[driver] = entry
+        return replace(self, entries=entries)
+
+    def pruned(self, now: datetime, drivers: Sequence[str] | None = None) -> GuardState:
+        """A copy without expired approvals and, when ``drivers`` is given, without entries of other drivers."""
+        entries = self.entries
+        if drivers is not None:
+            entries = {k: v for k, v in self.entries.items() if k in drivers}
+        return replace(self, entries=entries, approvals=tuple(a for a in self.approvals if a.expires > now))
+
+
+class StateKeys:
+    """HMAC-SHA256 keys for the state: the first signs, all verify (rotation: put the new key first).
+
+    Raises ValueError when no key is given or a key is shorter than 16 bytes. The keys never appear in
+    ``repr`` or ``str``.
+    """
+
+    def __init__(self, keys: Sequence[bytes]) -> None:
+        if not keys:
+            raise ValueError("at least one state HMAC key is required")
+        for k in keys:
+            if len(k) < MIN_KEY_BYTES:
+                raise ValueError(f"a state HMAC key must have at least {MIN_KEY_BYTES} bytes")
+        self._keys = tuple(keys)
+
+    def __repr__(self) -> str:
+        return f"StateKeys(<{len(self._keys)} key(s)>)"
+
+    def sign(self, payload: bytes) -> str:
+        """Base64url HMAC-SHA256 of ``payload`` with the signing (first) key."""
+        mac = hmac.HMAC(self._keys[0], hashes.SHA256())
+        mac.update(payload)
+        return base64.urlsafe_b64encode(mac.finalize()).decode("ascii")
+
+    def verify(self, payload: bytes, signature: str) -> bool:
+        """True when ``signature`` is a valid HMAC of ``payload`` under any key (constant-time compare)."""
+        try:
+            raw = base64.urlsafe_b64decode(signature.encode("ascii"))
+        except (binascii.Error, UnicodeEncodeError, ValueError):
+            return False
+        for key in self._keys:
+            mac = hmac.HMAC(key, hashes.SHA256())
+            mac.update(payload)
+            try:
+                mac.verify(raw)
+            except InvalidSignature:
+                continue
+            return True
+        return False
+
+
+def _canonical(doc: Mapping[str, Any]) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def _opt_time(value: datetime | None) -> str | None:
+    return format_time(value) if value is not None else None
+
+
+def encode_state(state: GuardState, keys: StateKeys) -> str:
+    """Serialize and sign ``state``; the result is the annotation value (deterministic for equal states)."""
+    drivers: dict[str, Any] = {}
+    for name, e in sorted(state.entries.items()):
+        drivers[name] = {
+            "count": e.count,
+            "changedAt": format_time(e.changed_at),
+            "writerVersion": e.writer_version,
+            "frozenUntil": _opt_time(e.frozen_until),
+            "correction": None
+            if e.correction is None
+            else {
+                "at": format_time(e.correction.at),
+                "from": e.correction.before,
+                "to": e.correction.after,
+                "basis": e.correction.basis,
+            },
+        }
+    approvals = [
+        {
+            "driver": a.driver,
+            "reason": a.reason,
+            "minCount": a.min_count,
+            "maxCount": a.max_count,
+            "expires": format_time(a.expires),
+            "ticket": a.ticket,
+            "approvedBy": a.approved_by,
+            "approvedAt": format_time(a.approved_at),
+        }
+        for a in state.approvals
+    ]
+    doc: dict[str, Any] = {"v": FORMAT_VERSION, "uid": state.uid, "drivers": drivers, "approvals": approvals}
+    doc["sig"] = keys.sign(_canonical(doc))
+    return _canonical(doc).decode("ascii")
+
+
+@dataclass(frozen=True)
+class DecodedState:
+    """Result of :func:`decode_state`: the state, or None with the :class:`StateProblem` that made it unusable."""
+
+    state: GuardState | None
+    problem: StateProblem | None = None
+    detail: str = ""
+
+
+def _opt_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError("count must be an integer or null")
+    return value
+
+
+def _decode_entry(raw: Any) -> EntryState:
+    if not isinstance(raw, dict):
+        raise ValueError("driver entry must be an object")
+    corr = raw.get("correction")
+    correction = None
+    if corr is not None:
+        correction = Correction(
+            at=parse_time(corr["at"]),
+            before=_opt_int(corr.get("from")),
+            after=_opt_int(corr.get("to")),
+            basis=str(corr["basis"]),
+        )
+    frozen = raw.get("frozenUntil")
+    version = raw.get("writerVersion")
+    return EntryState(
+        count=_opt_int(raw.get("count")),
+        changed_at=parse_time(raw["changedAt"]),
+        writer_version=str(version) if version is not None else None,
+        frozen_until=parse_time(frozen) if frozen is not None else None,
+        correction=correction,
+    )
+
+
+def _decode_approval(raw: Any) -> Approval:
+    if not isinstance(raw, dict):
+        raise ValueError("approval must be an object")
+    return Approval(
+        driver=str(raw["driver"]),
+        reason=str(raw.get("reason", "")),
+        min_count=int(raw["minCount"]),
+        max_count=int(raw["maxCount"]),
+        expires=parse_time(raw["expires"]),
+        ticket=str(raw.get("ticket", "")),
+        approved_by=str(raw.get("approvedBy", "")),
+        approved_at=parse_time(raw["approvedAt"]),
+    )
+
+
+def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
+    """Verify and decode an annotation value for the object ``uid``. Never raises.
+
+    Returns a :class:`DecodedState` whose ``state`` is None when the value is missing, not the expected JSON,
+    not signed by any key, of an unknown format version or recorded for another object (UID).
+    """
+    if value is None or value == "":
+        return DecodedState(None, StateProblem.MISSING)
+    try:
+        doc = json.loads(value)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        return DecodedState(None, StateProblem.MALFORMED, f"not JSON: {exc}")
+    if not isinstance(doc, dict) or not isinstance(doc.get("sig"), str):
+        return DecodedState(None, StateProblem.MALFORMED, "no signature")
+    signature = doc.pop("sig")
+    if not keys.verify(_canonical(doc), signature):
+        return DecodedState(None, StateProblem.BAD_SIGNATURE, "signature does not verify")
+    if doc.get("v") != FORMAT_VERSION:
+        return DecodedState(None, StateProblem.UNSUPPORTED_VERSION, f"format version {doc.get('v')!r}")
+    if doc.get("uid") != uid or not uid:
+        return DecodedState(None, StateProblem.OTHER_OBJECT, "state was recorded for another object")
+    try:
+        drivers = doc.get("drivers") or {}
+        if not isinstance(drivers, dict):
+            raise ValueError("drivers must be an object")
+        entries = {str(k): _decode_entry(v) for k, v in drivers.items()}
+        approvals = tuple(_decode_approval(a) for a in doc.get("approvals") or [])
+    except (KeyError, TypeError, ValueError) as exc:
+        return DecodedState(None, StateProblem.MALFORMED, f"bad field: {exc}")
+    return DecodedState(GuardState(uid=uid, entries=entries, approvals=approvals))
