@@ -18,9 +18,10 @@ def main() -> None:
 
 
 def _register_commands() -> None:
-    from webhook.commands import certs, serve  # noqa: PLC0415
+    from webhook.commands import certs, evaluate, serve  # noqa: PLC0415
 
     main.add_command(serve.serve)
+    main.add_command(evaluate.evaluate_command)
     main.add_command(certs.certs)
 
 

@@ -32,9 +32,9 @@ def parse_duration(value: str | float) -> float:
 
 def format_duration(seconds: float) -> str:
     """Render seconds compactly for messages: ``90`` -> ``1m30s``, ``3600`` -> ``1h``."""
+    if seconds < 1:
+        return f"{max(seconds, 0.0):.1f}s"
     s = round(seconds)
-    if s <= 0:
-        return f"{seconds:g}s"
     parts = []
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         if s >= size:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import contextlib
 import copy
 import itertools
 import json
@@ -95,6 +96,7 @@ class RecordedRequest:
     name: str | None
     watch: bool
     time: float
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,6 +114,7 @@ class _Watch:
     gone: bool = False
     drop: bool = False
     bookmark: bool = False
+    lines: list[bytes] = field(default_factory=list)
 
 
 @dataclass
@@ -184,7 +187,7 @@ def json_patch(document: Any, operations: list[Any]) -> Any:
                 if kind == "move":
                     node, last = parent(_pointer(op["from"]))
                     del node[int(last) if isinstance(node, list) else last]
-                kind, op = "add", {"value": value}
+                kind = "add"
             else:
                 value = op.get("value")
             if not parts:
@@ -378,9 +381,7 @@ class FakeApiServer:
         with self._cond:
             key = self._locate(collection, obj, namespace)
             if key in collection.objects:
-                raise ApiError(
-                    409, f'{collection.resource.plural} "{key[1]}" already exists', "AlreadyExists"
-                )
+                raise ApiError(409, f'{collection.resource.plural} "{key[1]}" already exists', "AlreadyExists")
             meta = obj["metadata"]
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", _now())
@@ -510,10 +511,9 @@ class FakeApiServer:
         """
         count = 0
         with self._cond:
-            for obj in objects:
-                collection = self._collection(obj["kind"])
-                if copy_objects:
-                    obj = copy.deepcopy(obj)
+            for given in objects:
+                collection = self._collection(given["kind"])
+                obj = copy.deepcopy(given) if copy_objects else given
                 key = self._locate(collection, obj, None)
                 meta = obj["metadata"]
                 meta.setdefault("uid", str(uuid.uuid4()))
@@ -567,6 +567,14 @@ class FakeApiServer:
                 watch.drop = True
             self._cond.notify_all()
             return len(collection.watches)
+
+    def inject_line(self, resource: str | Resource, line: bytes) -> None:
+        """Write ``line`` (plus a newline) as is on the open watches of ``resource`` (e.g. a garbled event)."""
+        collection = self._collection(resource)
+        with self._cond:
+            for watch in collection.watches:
+                watch.lines.append(line)
+            self._cond.notify_all()
 
     def send_bookmark(self, resource: str | Resource) -> None:
         """Send a BOOKMARK (current resourceVersion) on the open watches that allow bookmarks."""
@@ -786,14 +794,12 @@ class _Handler(BaseHTTPRequestHandler):
     api: FakeApiServer
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler's signature
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def finish(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             super().finish()
-        except OSError:
-            pass
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -823,10 +829,8 @@ class _Handler(BaseHTTPRequestHandler):
     def _abort(self) -> None:
         """Close the connection without a (complete) answer."""
         self.close_connection = True
-        try:
+        with contextlib.suppress(OSError):
             self.connection.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
 
     def _read_body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
@@ -849,7 +853,7 @@ class _Handler(BaseHTTPRequestHandler):
         api = self.api
         route = api._route(url.path)
         is_watch = method == "GET" and _truthy(query.get("watch"))
-        collection, namespace, name, subresource = route if route else (None, None, None, None)
+        collection, namespace, name, _subresource = route if route else (None, None, None, None)
         api._record(
             RecordedRequest(
                 method=method,
@@ -860,6 +864,7 @@ class _Handler(BaseHTTPRequestHandler):
                 name=name,
                 watch=is_watch,
                 time=time.monotonic(),
+                headers=dict(self.headers.items()),
             )
         )
         try:
@@ -927,7 +932,6 @@ class _Handler(BaseHTTPRequestHandler):
                     )
             else:
                 raise ApiError(405, f"{method} is not supported on {url.path}")
-            del subresource
         except ApiError as exc:
             self._send_json(exc.code, exc.status)
         except (BrokenPipeError, ConnectionResetError):
@@ -960,7 +964,9 @@ class _Handler(BaseHTTPRequestHandler):
         with api._cond:
             if rv_param in ("", "0"):
                 last = api._rv
-                initial = [copy.deepcopy(o) for _, o in sorted(collection.objects.items()) if matches(o)]
+                initial = [
+                    o for _, o in sorted(collection.objects.items()) if matches(o)
+                ]  # stored objects are never mutated
             else:
                 try:
                     last = int(rv_param)
@@ -987,17 +993,22 @@ class _Handler(BaseHTTPRequestHandler):
             next_bookmark = started + api.bookmark_interval if api.bookmark_interval else None
             while True:
                 with api._cond:
-                    api._cond.wait(0.05)
+                    pending = collection.history and collection.history[-1].rv > last
+                    if not (pending or watch.drop or watch.gone or watch.bookmark or watch.lines or api._stopping):
+                        api._cond.wait(0.05)
                     stopping = api._stopping
                     history = collection.history
                     start = bisect.bisect_right(history, last, key=lambda e: e.rv)
                     events = history[start:]
                     drop, gone, bookmark = watch.drop, watch.gone, watch.bookmark
+                    lines, watch.lines = watch.lines, []
                     watch.bookmark = False
                     current = api._rv
                 if drop or stopping:
                     self._abort()
                     return
+                for line in lines:
+                    self._chunk(line + b"\n")
                 for event in events:
                     last = event.rv
                     translated = _translate(event, matches)

@@ -1,0 +1,138 @@
+"""Shared fixtures: a real csinode-guard server over TLS, and a CA-verified keep-alive HTTPS client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+
+SERVICE_DNS = "csinode-guard.csinode-guard.svc"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class RunningServer:
+    """A ``csinode-guard serve`` subprocess and a client that verifies its CA and service DNS name."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    metrics_port: int
+    cert_dir: Path
+    audit_log: Path
+    stderr_path: Path
+    pool: urllib3.HTTPSConnectionPool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pool = self.client()
+
+    def client(self, **kwargs: Any) -> urllib3.HTTPSConnectionPool:
+        """A keep-alive HTTPS pool to 127.0.0.1 that checks the certificate against ca.crt and SERVICE_DNS."""
+        return urllib3.HTTPSConnectionPool(
+            "127.0.0.1",
+            self.port,
+            maxsize=1,
+            ca_certs=str(self.cert_dir / "ca.crt"),
+            cert_reqs="CERT_REQUIRED",
+            server_hostname=SERVICE_DNS,
+            assert_hostname=SERVICE_DNS,
+            retries=False,
+            timeout=urllib3.Timeout(connect=5, read=15),
+            **kwargs,
+        )
+
+    def post(self, path: str, body: Any, content_type: str = "application/json") -> urllib3.BaseHTTPResponse:
+        """POST ``body`` (a dict is JSON-encoded) to ``path`` with ``?timeout=10s`` as the apiserver does."""
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return self.pool.request(
+            "POST", f"{path}?timeout=10s", body=data, headers={"Content-Type": content_type}
+        )
+
+    def get(self, path: str) -> urllib3.BaseHTTPResponse:
+        """GET ``path`` over HTTPS."""
+        return self.pool.request("GET", path)
+
+    def audit_records(self) -> list[dict[str, Any]]:
+        """Every record in the audit log so far."""
+        if not self.audit_log.exists():
+            return []
+        return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
+
+    def stop(self) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                raise
+        return self.process.returncode
+
+
+def start_server(tmp: Path, *extra: str, env: dict[str, str] | None = None, workers: int = 2) -> RunningServer:
+    """Start ``python -m webhook serve`` on free ports with certs in ``tmp/certs``; wait until /healthz answers."""
+    port, metrics_port = free_port(), free_port()
+    cert_dir = tmp / "certs"
+    audit = tmp / "audit.log"
+    stderr_path = tmp / "server.stderr"
+    cmd = [
+        sys.executable, "-m", "webhook", "serve",
+        "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
+        "--cert-dir", str(cert_dir), "--dns-name", SERVICE_DNS, "--audit-log", str(audit),
+        "--workers", str(workers), "--offline", *extra,
+    ]
+    full_env = dict(os.environ)
+    full_env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    full_env.update(env or {})
+    with stderr_path.open("wb") as err:
+        process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=full_env, cwd=tmp)
+    deadline = time.monotonic() + 40
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited {process.returncode}: {stderr_path.read_text()[-3000:]}")
+        if (cert_dir / "ca.crt").exists():
+            try:
+                server = RunningServer(process, port, metrics_port, cert_dir, audit, stderr_path)
+                if server.get("/healthz").status == 200:
+                    return server
+            except (urllib3.exceptions.HTTPError, OSError):
+                pass
+        time.sleep(0.1)
+    process.kill()
+    raise RuntimeError(f"server did not become healthy: {stderr_path.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def server_factory(tmp_path: Path) -> Iterator[Any]:
+    """Start servers with ``server_factory(*extra_args)``; all are stopped at the end of the test."""
+    started: list[RunningServer] = []
+
+    def factory(*extra: str, **kwargs: Any) -> RunningServer:
+        sub = tmp_path / f"server{len(started)}"
+        sub.mkdir()
+        server = start_server(sub, *extra, **kwargs)
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        server.stop()

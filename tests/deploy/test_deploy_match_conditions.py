@@ -1,0 +1,356 @@
+"""The webhooks' matchConditions, evaluated by two independent CEL implementations from PyPI.
+
+cel-python (``celpy``, pure Python) and common-expression-language (``cel``, Rust bindings) both run the
+expressions exactly as deploy/base/webhooks.yaml declares them, with kube-apiserver's matching logic: a ``false``
+condition skips the webhook; all ``true`` calls it; an error (none ``false``) falls under failurePolicy
+``Fail`` and rejects the request. An error is therefore counted as a failure of the expression in every test.
+
+Objects are shaped as the apiserver hands them to CEL: the versioned object converted to unstructured JSON, so
+``spec.drivers`` is ``null`` on a CSINode without drivers and unset optional fields are absent.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import cel
+import celpy
+import pytest
+from deploy_helpers import DEPLOY, find, load_yaml_documents
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from webhook import registration
+
+STATE = registration.GUARD_ANNOTATIONS[0]
+JUSTIFICATION = registration.GUARD_ANNOTATIONS[1]
+MIGRATED = "storage.alpha.kubernetes.io/migrated-plugins"
+
+
+class Outcome(enum.Enum):
+    """What the apiserver does with the request after evaluating the matchConditions."""
+
+    CALL = "call"
+    SKIP = "skip"
+    ERROR = "error"
+
+
+Evaluate = Callable[[str, dict[str, Any]], "bool | None"]
+"""Evaluates one expression; None means the expression failed (error or non-bool result)."""
+
+
+def _celpy_engine() -> Evaluate:
+    env = celpy.Environment()
+    programs: dict[str, celpy.Runner] = {}
+
+    def evaluate(expression: str, activation: dict[str, Any]) -> bool | None:
+        if expression not in programs:
+            programs[expression] = env.program(env.compile(expression))
+        try:
+            result = programs[expression].evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
+        except Exception:  # noqa: BLE001 - any failure of the engine is an evaluation error
+            return None
+        return bool(result) if isinstance(result, celpy.celtypes.BoolType) else None
+
+    return evaluate
+
+
+def _cel_rs_engine() -> Evaluate:
+    programs: dict[str, Any] = {}
+
+    def evaluate(expression: str, activation: dict[str, Any]) -> bool | None:
+        if expression not in programs:
+            programs[expression] = cel.compile(expression)
+        try:
+            result = programs[expression].execute(activation)
+        except Exception:  # noqa: BLE001 - any failure of the engine is an evaluation error
+            return None
+        return result if isinstance(result, bool) else None
+
+    return evaluate
+
+
+ENGINES = {"cel-python": _celpy_engine(), "common-expression-language": _cel_rs_engine()}
+
+
+def _deploy_conditions(kind: str) -> list[dict[str, str]]:
+    configuration = find(load_yaml_documents(DEPLOY / "base" / "webhooks.yaml"), kind)
+    (webhook,) = configuration["webhooks"]
+    conditions: list[dict[str, str]] = webhook["matchConditions"]
+    return conditions
+
+
+MUTATING = _deploy_conditions("MutatingWebhookConfiguration")
+VALIDATING = _deploy_conditions("ValidatingWebhookConfiguration")
+
+
+def outcome(
+    evaluate: Evaluate,
+    conditions: list[dict[str, str]],
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any] | None,
+    operation: str = "UPDATE",
+) -> Outcome:
+    """kube-apiserver's matchConditions logic for one webhook."""
+    request = {
+        "operation": operation,
+        "name": (new or old or {}).get("metadata", {}).get("name", ""),
+        "resource": {"group": "storage.k8s.io", "version": "v1", "resource": "csinodes"},
+        "userInfo": {"username": "system:node:ip-10-0-1-23.ec2.internal", "groups": ["system:nodes"]},
+    }
+    activation = {"object": new, "oldObject": old, "request": request}
+    results = [evaluate(c["expression"], activation) for c in conditions]
+    if any(r is False for r in results):
+        return Outcome.SKIP
+    if any(r is None for r in results):
+        return Outcome.ERROR
+    return Outcome.CALL
+
+
+def driver(name: str, count: int | None = 25, *, allocatable: bool = True) -> dict[str, Any]:
+    """A CSINode driver entry as kubelet writes it."""
+    entry: dict[str, Any] = {
+        "name": name,
+        "nodeID": "i-0123456789abcdef0",
+        "topologyKeys": ["topology.ebs.csi.aws.com/zone", "topology.kubernetes.io/zone"],
+    }
+    if allocatable:
+        entry["allocatable"] = {} if count is None else {"count": count}
+    return entry
+
+
+def csinode(drivers: list[dict[str, Any]] | None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    """A CSINode as the apiserver converts it for CEL (``drivers: null`` when there are none)."""
+    metadata: dict[str, Any] = {
+        "name": "ip-10-0-1-23.ec2.internal",
+        "uid": "5f0c6d3e-6f5b-4c43-9d0e-0f8a3b1c2d4e",
+        "resourceVersion": "48121",
+        "creationTimestamp": "2026-11-30T01:02:03Z",
+        "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Node", "name": "ip-10-0-1-23.ec2.internal", "uid": "0b9c0f3c-1111"}
+        ],
+        "managedFields": [{"manager": "kubelet", "operation": "Update", "apiVersion": "storage.k8s.io/v1"}],
+    }
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": metadata, "spec": {"drivers": drivers}}
+
+
+EBS = "ebs.csi.aws.com"
+EFS = "efs.csi.aws.com"
+BASE_ANNOTATIONS = {MIGRATED: "kubernetes.io/aws-ebs"}
+
+
+def _with(node: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    changed = copy.deepcopy(node)
+    for key, value in changes.items():
+        if key == "annotations" and value is None:  # omitempty: no annotations means no key at all
+            changed["metadata"].pop("annotations", None)
+        elif key == "annotations":
+            changed["metadata"]["annotations"] = value
+        elif key == "labels":
+            changed["metadata"]["labels"] = value
+        elif key == "drivers":
+            changed["spec"]["drivers"] = value
+    return changed
+
+
+OLD = csinode([driver(EBS, 25), driver(EFS, None, allocatable=False)], dict(BASE_ANNOTATIONS))
+
+CALLED = [
+    pytest.param(OLD, _with(OLD, drivers=[driver(EBS, 27), OLD["spec"]["drivers"][1]]), id="a count increase"),
+    pytest.param(OLD, _with(OLD, drivers=[driver(EBS, 23), OLD["spec"]["drivers"][1]]), id="a count decrease"),
+    pytest.param(
+        OLD,
+        _with(OLD, drivers=[OLD["spec"]["drivers"][1], driver(EBS, 26)]),
+        id="a count change of a driver kubelet re-appended at the end",
+    ),
+    pytest.param(
+        OLD,
+        _with(OLD, drivers=[driver(EBS, None), OLD["spec"]["drivers"][1]]),
+        id="a count removed (allocatable kept, count gone)",
+    ),
+    pytest.param(
+        OLD,
+        _with(OLD, drivers=[driver(EBS, allocatable=False), OLD["spec"]["drivers"][1]]),
+        id="allocatable removed (NodeGetInfo max_volumes_per_node 0)",
+    ),
+    pytest.param(
+        OLD, _with(OLD, drivers=[driver(EBS, 25), driver(EFS, 8)]), id="a count appears where there was none"
+    ),
+    pytest.param(
+        _with(OLD, drivers=[driver(EBS, None), driver(EFS, allocatable=False)]),
+        _with(OLD, drivers=[driver(EBS, 0), driver(EFS, allocatable=False)]),
+        id="a count set on an empty allocatable",
+    ),
+    pytest.param(
+        OLD,
+        _with(OLD, drivers=[driver(EBS, 24), driver(EFS, allocatable=False), driver("pd.csi.storage.gke.io")]),
+        id="a count change next to a registration",
+    ),
+    pytest.param(OLD, _with(OLD, annotations={**BASE_ANNOTATIONS, STATE: "{}"}), id="the state annotation appears"),
+    pytest.param(
+        _with(OLD, annotations={**BASE_ANNOTATIONS, STATE: '{"v":1}'}),
+        _with(OLD, annotations={**BASE_ANNOTATIONS, STATE: '{"v":2}'}),
+        id="the state annotation changes",
+    ),
+    pytest.param(
+        _with(OLD, annotations={**BASE_ANNOTATIONS, STATE: '{"v":1}'}), OLD, id="the state annotation disappears"
+    ),
+    pytest.param(
+        _with(OLD, annotations=None),
+        _with(OLD, annotations={JUSTIFICATION: "[]"}),
+        id="a justification on an object with no annotations at all",
+    ),
+    pytest.param(
+        _with(OLD, annotations={JUSTIFICATION: "[]"}),
+        _with(OLD, annotations={JUSTIFICATION: ""}),
+        id="a justification changed to the empty string",
+    ),
+    pytest.param(
+        _with(OLD, annotations={JUSTIFICATION: "[]"}), _with(OLD, annotations={}), id="a justification removed"
+    ),
+]
+
+SKIPPED = [
+    pytest.param(csinode(None), csinode([driver(EBS, 25)]), id="the first registration into an empty CSINode"),
+    pytest.param(OLD, _with(OLD, drivers=[*OLD["spec"]["drivers"], driver("pd.csi.storage.gke.io")]), id="a registration"),
+    pytest.param(OLD, _with(OLD, drivers=[OLD["spec"]["drivers"][1]]), id="a removal"),
+    pytest.param(csinode([driver(EBS, 25)]), csinode(None), id="the removal of the last driver"),
+    pytest.param(
+        OLD,
+        _with(OLD, drivers=[driver("ebs-renamed.csi.aws.com", 30), OLD["spec"]["drivers"][1]]),
+        id="a removal and a registration with another count",
+    ),
+    pytest.param(OLD, _with(OLD, labels={"team": "storage"}), id="a label-only change"),
+    pytest.param(
+        OLD,
+        _with(OLD, annotations={MIGRATED: "kubernetes.io/aws-ebs,kubernetes.io/cinder"}),
+        id="kubelet's migrated-plugins annotation changes",
+    ),
+    pytest.param(OLD, _with(OLD, annotations={}), id="kubelet's migrated-plugins annotation disappears"),
+    pytest.param(
+        OLD,
+        _with(OLD, annotations={**BASE_ANNOTATIONS, "csinode-guard.io/driver-versions": '{"ebs.csi.aws.com":"v1"}'}),
+        id="another csinode-guard.io annotation changes",
+    ),
+    pytest.param(OLD, copy.deepcopy(OLD), id="a resync that changes nothing"),
+    pytest.param(
+        OLD,
+        _with(OLD, drivers=[OLD["spec"]["drivers"][1], OLD["spec"]["drivers"][0]]),
+        id="drivers reordered with the same counts",
+    ),
+    pytest.param(csinode(None), csinode(None), id="an empty CSINode touched"),
+    pytest.param(csinode([]), csinode([driver(EBS, 1)]), id="a registration into an explicitly empty list"),
+]
+
+
+@pytest.fixture(params=sorted(ENGINES))
+def evaluate(request: pytest.FixtureRequest) -> Evaluate:
+    return ENGINES[request.param]
+
+
+@pytest.fixture(params=["mutating", "validating"])
+def conditions(request: pytest.FixtureRequest) -> list[dict[str, str]]:
+    return MUTATING if request.param == "mutating" else VALIDATING
+
+
+def test_both_webhooks_share_the_python_built_conditions() -> None:
+    expected = [dict(c) for c in registration.MATCH_CONDITIONS]
+    assert MUTATING == expected
+    assert VALIDATING == expected
+
+
+@pytest.mark.parametrize(("old", "new"), CALLED)
+def test_the_guard_is_called(
+    evaluate: Evaluate, conditions: list[dict[str, str]], old: dict[str, Any], new: dict[str, Any]
+) -> None:
+    assert outcome(evaluate, conditions, old, new) is Outcome.CALL
+
+
+@pytest.mark.parametrize(("old", "new"), SKIPPED)
+def test_the_guard_is_not_called(
+    evaluate: Evaluate, conditions: list[dict[str, str]], old: dict[str, Any], new: dict[str, Any]
+) -> None:
+    assert outcome(evaluate, conditions, old, new) is Outcome.SKIP
+
+
+@pytest.mark.parametrize(
+    ("operation", "old", "new"),
+    [
+        pytest.param("CREATE", None, csinode(None), id="CREATE of an empty CSINode"),
+        pytest.param("CREATE", None, csinode([driver(EBS, 25)]), id="CREATE with a driver"),
+        pytest.param("DELETE", OLD, None, id="DELETE"),
+    ],
+)
+def test_create_and_delete_are_skipped_even_if_the_rules_were_widened(
+    evaluate: Evaluate,
+    conditions: list[dict[str, str]],
+    operation: str,
+    old: dict[str, Any] | None,
+    new: dict[str, Any] | None,
+) -> None:
+    assert outcome(evaluate, conditions, old, new, operation) is Outcome.SKIP
+
+
+def should_call(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """The intended behaviour, in Python: a guard annotation or a count of a driver in both objects changes."""
+
+    def annotation(obj: Mapping[str, Any], key: str) -> tuple[bool, str | None]:
+        annotations = obj["metadata"].get("annotations") or {}
+        return key in annotations, annotations.get(key)
+
+    def counts(obj: Mapping[str, Any]) -> dict[str, tuple[bool, int | None]]:
+        drivers = obj["spec"].get("drivers")
+        if not isinstance(drivers, list):
+            return {}
+        result = {}
+        for entry in drivers:
+            allocatable = entry.get("allocatable")
+            has_count = isinstance(allocatable, dict) and "count" in allocatable
+            result[entry["name"]] = (has_count, allocatable["count"] if has_count else None)
+        return result
+
+    if any(annotation(old, key) != annotation(new, key) for key in registration.GUARD_ANNOTATIONS):
+        return True
+    old_counts, new_counts = counts(old), counts(new)
+    return any(name in old_counts and old_counts[name] != count for name, count in new_counts.items())
+
+
+_names = st.sampled_from([EBS, EFS, "pd.csi.storage.gke.io", "disk.csi.azure.com"])
+_driver = st.builds(
+    lambda name, count, mode: driver(name, count, allocatable=mode != "absent")
+    if mode != "empty"
+    else driver(name, None),
+    _names,
+    st.integers(min_value=0, max_value=130) | st.just(2147483647),
+    st.sampled_from(["count", "count", "empty", "absent"]),
+)
+_drivers = st.none() | st.lists(_driver, max_size=4, unique_by=lambda d: d["name"])
+_annotations = st.none() | st.dictionaries(
+    st.sampled_from([STATE, JUSTIFICATION, MIGRATED, "example.com/other"]),
+    st.sampled_from(["", "a", "b", "[]"]),
+    max_size=4,
+)
+_csinodes = st.builds(csinode, _drivers, _annotations)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(old=_csinodes, new=_csinodes)
+@pytest.mark.parametrize("engine", sorted(ENGINES))
+def test_the_conditions_match_the_intended_behaviour_and_never_error(
+    engine: str, old: dict[str, Any], new: dict[str, Any]
+) -> None:
+    expected = Outcome.CALL if should_call(old, new) else Outcome.SKIP
+    for conditions in (MUTATING, VALIDATING):
+        assert outcome(ENGINES[engine], conditions, old, new) is expected
+
+
+def test_an_erroring_condition_would_be_noticed() -> None:
+    """The harness itself: ``exists`` on a null drivers list is an error in both engines, as in cel-go."""
+    broken = [{"name": "naive", "expression": "object.spec.drivers.exists(d, has(d.allocatable))"}]
+    for evaluate in ENGINES.values():
+        assert outcome(evaluate, broken, csinode(None), csinode(None)) is Outcome.ERROR

@@ -1,0 +1,369 @@
+"""deploy/: every kustomization renders, and the rendered objects hold the properties the product promises."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploy_helpers import DEPLOY, KUSTOMIZATIONS, REPO, Objects, find, kustomize
+
+NAME = "csinode-guard"
+NAMESPACE = "csinode-guard"
+LABEL = {"app.kubernetes.io/name": NAME}
+SERVE_ARGS = [
+    "serve",
+    "--cert-dir",
+    "/etc/csinode-guard/certs",
+    "--policy",
+    "/etc/csinode-guard/policy/policy.yaml",
+    "--state-key-file",
+    "/etc/csinode-guard/state-key/key",
+    "--dns-name",
+    "csinode-guard.csinode-guard.svc",
+    "--metrics-port",
+    "9090",
+    "--port",
+    "8443",
+]
+CLUSTER_SCOPED = {
+    "Namespace",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "MutatingWebhookConfiguration",
+    "ValidatingWebhookConfiguration",
+}
+
+
+def _container(objects: Objects) -> dict[str, Any]:
+    containers = find(objects, "Deployment", NAME)["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    container: dict[str, Any] = containers[0]
+    return container
+
+
+def _pod_spec(objects: Objects) -> dict[str, Any]:
+    spec: dict[str, Any] = find(objects, "Deployment", NAME)["spec"]["template"]["spec"]
+    return spec
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_every_kustomization_renders(rendered: dict[str, Objects], kustomization: str) -> None:
+    assert rendered[kustomization], f"{kustomization} rendered no objects"
+
+
+def test_base_holds_every_object_an_installation_needs(rendered: dict[str, Objects]) -> None:
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in rendered["base"])
+    policy_configmaps = [name for kind, name in kinds if kind == "ConfigMap"]
+    assert len(policy_configmaps) == 1 and policy_configmaps[0].startswith("csinode-guard-policy-")
+    assert [k for k in kinds if k[0] != "ConfigMap"] == [
+        ("ClusterRole", "csinode-guard"),
+        ("ClusterRole", "csinode-guard-approver"),
+        ("ClusterRole", "csinode-guard-registrar"),
+        ("ClusterRoleBinding", "csinode-guard"),
+        ("Deployment", NAME),
+        ("MutatingWebhookConfiguration", NAME),
+        ("Namespace", NAMESPACE),
+        ("NetworkPolicy", NAME),
+        ("PodDisruptionBudget", NAME),
+        ("Role", "csinode-guard-driver-pods"),
+        ("RoleBinding", "csinode-guard-driver-pods"),
+        ("Service", NAME),
+        ("ServiceAccount", NAME),
+        ("ValidatingWebhookConfiguration", NAME),
+    ]
+
+
+@pytest.mark.parametrize("kustomization", KUSTOMIZATIONS)
+def test_every_object_carries_the_name_label_and_an_explicit_namespace(
+    rendered: dict[str, Objects], kustomization: str
+) -> None:
+    for obj in rendered[kustomization]:
+        meta = obj["metadata"]
+        where = f"{obj['kind']} {meta['name']}"
+        assert meta.get("labels", {}).get("app.kubernetes.io/name") == NAME, where
+        if obj["kind"] in CLUSTER_SCOPED:
+            assert "namespace" not in meta, where
+        elif obj["kind"] in ("Role", "RoleBinding"):
+            assert meta["namespace"] == "kube-system", where
+        else:
+            assert meta["namespace"] == NAMESPACE, where
+
+
+def test_the_container_runs_the_documented_serve_command(rendered: dict[str, Objects]) -> None:
+    container = _container(rendered["base"])
+    assert container["image"] == "csinode-guard:0.1.0"
+    assert container["command"] == ["csinode-guard"]
+    assert container["args"] == SERVE_ARGS
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"https": 8443, "metrics": 9090}
+
+
+def test_the_deployment_is_highly_available(rendered: dict[str, Objects]) -> None:
+    deployment = find(rendered["base"], "Deployment", NAME)
+    assert deployment["spec"]["replicas"] >= 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+    affinity = _pod_spec(rendered["base"])["affinity"]["podAntiAffinity"]
+    terms = [
+        t["podAffinityTerm"] for t in affinity.get("preferredDuringSchedulingIgnoredDuringExecution", [])
+    ] + affinity.get("requiredDuringSchedulingIgnoredDuringExecution", [])
+    assert any(
+        t["topologyKey"] == "kubernetes.io/hostname" and t["labelSelector"]["matchLabels"] == LABEL for t in terms
+    )
+    pdb = find(rendered["base"], "PodDisruptionBudget", NAME)
+    assert pdb["spec"]["selector"]["matchLabels"] == LABEL
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert deployment["spec"]["replicas"] - pdb["spec"]["maxUnavailable"] >= 1
+
+
+def test_requests_and_limits_are_set(rendered: dict[str, Objects]) -> None:
+    resources = _container(rendered["base"])["resources"]
+    assert set(resources["requests"]) == {"cpu", "memory"}
+    assert set(resources["limits"]) == {"cpu", "memory"}
+
+
+def test_probes_use_https_on_the_webhook_port(rendered: dict[str, Objects]) -> None:
+    container = _container(rendered["base"])
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    for probe, path in (("startupProbe", "/healthz"), ("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = container[probe]["httpGet"]
+        assert (get["scheme"], get["path"], ports.get(get["port"], get["port"])) == ("HTTPS", path, 8443), probe
+
+
+def test_the_pod_is_locked_down(rendered: dict[str, Objects]) -> None:
+    pod = _pod_spec(rendered["base"])
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod.get("hostNetwork", False) is False
+    context = _container(rendered["base"])["securityContext"]
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    namespace = find(rendered["base"], "Namespace", NAMESPACE)
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+
+
+def test_volumes_match_the_paths_in_the_serve_command(rendered: dict[str, Objects]) -> None:
+    objects = rendered["base"]
+    volumes = {v["name"]: v for v in _pod_spec(objects)["volumes"]}
+    mounts = {m["mountPath"]: m for m in _container(objects)["volumeMounts"]}
+    certs = volumes[mounts["/etc/csinode-guard/certs"]["name"]]
+    assert certs["secret"]["secretName"] == "csinode-guard-tls"
+    assert "subPath" not in mounts["/etc/csinode-guard/certs"], "subPath mounts never see a renewed Secret"
+    policy = volumes[mounts["/etc/csinode-guard/policy"]["name"]]
+    assert policy["configMap"]["name"] == find(objects, "ConfigMap")["metadata"]["name"]
+    state_key = volumes[mounts["/etc/csinode-guard/state-key"]["name"]]
+    assert state_key["secret"]["secretName"] == "csinode-guard-state-key"
+    tmp = volumes[mounts["/tmp"]["name"]]
+    assert "emptyDir" in tmp
+    assert all(m.get("readOnly") for path, m in mounts.items() if path != "/tmp")
+
+
+def test_the_service_maps_443_to_the_webhook_port_and_exposes_metrics(rendered: dict[str, Objects]) -> None:
+    service = find(rendered["base"], "Service", NAME)
+    assert service["spec"]["selector"] == LABEL
+    ports = {p["name"]: (p["port"], p["targetPort"]) for p in service["spec"]["ports"]}
+    assert ports == {"https": (443, 8443), "metrics": (9090, 9090)}
+    pod_labels = find(rendered["base"], "Deployment", NAME)["spec"]["template"]["metadata"]["labels"]
+    assert LABEL.items() <= pod_labels.items()
+
+
+def test_the_network_policy_opens_the_webhook_port_and_keeps_metrics_for_monitoring(
+    rendered: dict[str, Objects],
+) -> None:
+    spec = find(rendered["base"], "NetworkPolicy", NAME)["spec"]
+    assert spec["podSelector"]["matchLabels"] == LABEL
+    assert spec["policyTypes"] == ["Ingress"]
+    by_port = {rule["ports"][0]["port"]: rule for rule in spec["ingress"]}
+    assert set(by_port) == {8443, 9090}
+    assert "from" not in by_port[8443], "the apiserver's address is not selectable: 8443 must be open"
+    (peer,) = by_port[9090]["from"]
+    assert set(peer) == {"namespaceSelector"}
+    assert peer["namespaceSelector"]["matchLabels"] == {"csinode-guard.io/scrape-metrics": "true"}
+
+
+def _grants(objects: Objects) -> set[tuple[str, str, str, str]]:
+    """(namespace or '*', apiGroup, resource, verb) granted to the guard's ServiceAccount."""
+    subject = {"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}
+    grants = set()
+    for binding in objects:
+        if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding") or subject not in binding["subjects"]:
+            continue
+        ref = binding["roleRef"]
+        scope = binding["metadata"].get("namespace", "*")
+        role = find(objects, ref["kind"], ref["name"])
+        if ref["kind"] == "Role":
+            assert role["metadata"]["namespace"] == scope
+        for rule in role["rules"]:
+            assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for verb in rule["verbs"]:
+                        grants.add((scope, group, resource, verb))
+    return grants
+
+
+def test_the_guard_can_only_read_what_its_cluster_view_needs(rendered: dict[str, Objects]) -> None:
+    read = ("get", "list", "watch")
+    expected = (
+        {("*", "", "nodes", verb) for verb in read}
+        | {("*", "storage.k8s.io", "csidrivers", verb) for verb in read}
+        | {("*", "storage.k8s.io", "volumeattachments", verb) for verb in read}
+        | {("kube-system", "", "pods", verb) for verb in read}
+    )
+    assert _grants(rendered["base"]) == expected
+
+
+def test_the_people_roles_are_bound_to_nobody(rendered: dict[str, Objects]) -> None:
+    bound = {o["roleRef"]["name"] for o in rendered["base"] if o["kind"].endswith("RoleBinding")}
+    assert bound.isdisjoint({"csinode-guard-approver", "csinode-guard-registrar"})
+    approver = find(rendered["base"], "ClusterRole", "csinode-guard-approver")
+    assert approver["rules"] == [
+        {
+            "apiGroups": ["storage.k8s.io"],
+            "resources": ["csinodes"],
+            "verbs": ["get", "list", "watch", "update", "patch"],
+        }
+    ]
+
+
+def test_the_policy_configmap_is_generated_from_policies_default_yaml(rendered: dict[str, Objects]) -> None:
+    source = (REPO / "policies" / "default.yaml").read_text("utf-8")
+    copy = (DEPLOY / "base" / "policy.yaml").read_text("utf-8")
+    assert copy == source, (
+        "deploy/base/policy.yaml differs from policies/default.yaml; run: "
+        "cp policies/default.yaml deploy/base/policy.yaml"
+    )
+    for kustomization in ("base", "overlays/default", "overlays/cert-manager"):
+        configmap = find(rendered[kustomization], "ConfigMap")
+        assert configmap["data"] == {"policy.yaml": source}
+
+
+def test_the_shipped_policy_loads() -> None:
+    from webhook.policy import load_policy  # noqa: PLC0415 - the policy module is another issue's
+
+    policy = load_policy(DEPLOY / "base" / "policy.yaml")
+    assert policy.name == "default"
+
+
+def test_no_key_material_is_committed_under_deploy() -> None:
+    generated = DEPLOY / "overlays" / "default" / "certs"
+    for path in DEPLOY.rglob("*"):
+        if path.is_file() and (path.parent != generated or path.name in (".gitignore", "README.md")):
+            text = path.read_text("utf-8", errors="replace")
+            assert "PRIVATE KEY" not in text, path
+    ignore = (DEPLOY / "overlays" / "default" / "certs" / ".gitignore").read_text("utf-8").splitlines()
+    assert "*" in ignore
+
+
+def test_the_default_overlay_wires_the_generated_certificates(
+    rendered: dict[str, Objects], deploy_copy: Path
+) -> None:
+    objects = rendered["overlays/default"]
+    certs = deploy_copy / "overlays" / "default" / "certs"
+    secrets = [o for o in objects if o["kind"] == "Secret"]
+    assert [s["metadata"]["name"] for s in secrets] == ["csinode-guard-tls"], "the CA bundle carrier must not ship"
+    (secret,) = secrets
+    assert secret["type"] == "kubernetes.io/tls"
+    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}, "ca.key never leaves the cert dir"
+    for key, value in secret["data"].items():
+        assert base64.b64decode(value) == (certs / key).read_bytes(), key
+    bundle = (certs / "ca-bundle.crt").read_bytes()
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (webhook,) = find(objects, kind, NAME)["webhooks"]
+        assert base64.b64decode(webhook["clientConfig"]["caBundle"]) == bundle, kind
+
+
+def test_the_cert_manager_overlay_injects_the_ca_of_the_mounted_certificate(rendered: dict[str, Objects]) -> None:
+    objects = rendered["overlays/cert-manager"]
+    assert not [o for o in objects if o["kind"] == "Secret"], "cert-manager writes the Secret"
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        configuration = find(objects, kind, NAME)
+        namespace, certificate_name = configuration["metadata"]["annotations"][
+            "cert-manager.io/inject-ca-from"
+        ].split("/")
+        (webhook,) = configuration["webhooks"]
+        assert "caBundle" not in webhook["clientConfig"]
+        certificate = find(objects, "Certificate", certificate_name)
+        assert certificate["metadata"]["namespace"] == namespace == NAMESPACE
+    spec = certificate["spec"]
+    assert spec["secretName"] == "csinode-guard-tls"
+    assert "csinode-guard.csinode-guard.svc" in spec["dnsNames"]
+    assert spec["privateKey"] == {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"}
+    issuer = find(objects, "Issuer", spec["issuerRef"]["name"])
+    ca = find(objects, "Certificate", "csinode-guard-ca")
+    assert issuer["spec"]["ca"]["secretName"] == ca["spec"]["secretName"] and ca["spec"]["isCA"] is True
+
+
+def test_the_monitoring_overlay_scrapes_the_metrics_port(rendered: dict[str, Objects]) -> None:
+    monitor = find(rendered["overlays/monitoring"], "ServiceMonitor", NAME)
+    service = find(rendered["base"], "Service", NAME)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"]["matchNames"] == [NAMESPACE]
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert (endpoint["scheme"], endpoint["path"]) == ("http", "/metrics")
+
+
+def _write_overlay(root: Path, name: str, kustomization: dict[str, Any], files: dict[str, str]) -> Path:
+    directory = root / "overlays" / name
+    directory.mkdir(parents=True)
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization), "utf-8")
+    for file_name, text in files.items():
+        (directory / file_name).write_text(text, "utf-8")
+    return directory
+
+
+def test_an_overlay_can_override_the_image(kubectl: str, tmp_path: Path) -> None:
+    root = tmp_path / "deploy"
+    shutil.copytree(DEPLOY / "base", root / "base")
+    overlay = _write_overlay(
+        root,
+        "mirror",
+        {
+            "resources": ["../../base"],
+            "images": [{"name": "csinode-guard", "newName": "registry.example/csinode-guard", "newTag": "1.2.3"}],
+        },
+        {},
+    )
+    assert _container(kustomize(kubectl, overlay))["image"] == "registry.example/csinode-guard:1.2.3"
+
+
+def test_the_documented_state_key_generator_feeds_the_deployment(kubectl: str, tmp_path: Path) -> None:
+    root = tmp_path / "deploy"
+    shutil.copytree(DEPLOY / "base", root / "base")
+    overlay = _write_overlay(
+        root,
+        "with-state-key",
+        {
+            "resources": ["../../base"],
+            "secretGenerator": [
+                {
+                    "name": "csinode-guard-state-key",
+                    "namespace": NAMESPACE,
+                    "files": ["key=state-key.txt"],
+                    "options": {"disableNameSuffixHash": True},
+                }
+            ],
+        },
+        {"state-key.txt": "00" * 32 + "\n"},
+    )
+    objects = kustomize(kubectl, overlay)
+    secret = find(objects, "Secret", "csinode-guard-state-key")
+    assert set(secret["data"]) == {"key"}
+    volumes = {v["name"]: v for v in _pod_spec(objects)["volumes"]}
+    assert volumes["state-key"]["secret"]["secretName"] == "csinode-guard-state-key"
+
+
+def test_the_default_overlay_refuses_to_render_without_certificates(kubectl: str, tmp_path: Path) -> None:
+    root = tmp_path / "deploy"
+    shutil.copytree(DEPLOY, root, ignore=shutil.ignore_patterns("*.crt", "*.key"))
+    result = subprocess.run(
+        [kubectl, "kustomize", str(root / "overlays" / "default")], capture_output=True, text=True, check=False
+    )
+    assert result.returncode != 0
+    assert "tls.crt" in result.stderr

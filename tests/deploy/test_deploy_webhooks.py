@@ -1,0 +1,129 @@
+"""The webhook configurations in deploy/ and the ones webhook.registration builds are the same objects."""
+
+from __future__ import annotations
+
+import base64
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from deploy_helpers import DEPLOY, Objects, find, load_yaml_documents
+
+from webhook import registration
+from webhook.registration import WebhookTarget
+
+KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+WEBHOOKS_YAML = DEPLOY / "base" / "webhooks.yaml"
+
+
+def _configurations(objects: Objects) -> list[dict[str, Any]]:
+    return [find(objects, kind, registration.CONFIGURATION_NAME) for kind in KINDS]
+
+
+def _decoded_ca(configurations: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A copy with every caBundle decoded to bytes (kustomize wraps base64 lines; the apiserver ignores that)."""
+    result = copy.deepcopy(configurations)
+    for configuration in result:
+        for webhook in configuration["webhooks"]:
+            config = webhook["clientConfig"]
+            if "caBundle" in config:
+                config["caBundle"] = base64.b64decode(config["caBundle"])
+    return result
+
+
+def test_the_base_yaml_is_exactly_what_python_builds() -> None:
+    assert _configurations(load_yaml_documents(WEBHOOKS_YAML)) == registration.build_webhook_configurations()
+
+
+def test_the_default_overlay_is_what_register_applies_with_the_generated_ca(
+    rendered: dict[str, Objects], deploy_copy: Path
+) -> None:
+    bundle = (deploy_copy / "overlays" / "default" / "certs" / "ca-bundle.crt").read_bytes()
+    built = registration.build_webhook_configurations(WebhookTarget(ca_bundle=bundle))
+    assert _decoded_ca(_configurations(rendered["overlays/default"])) == _decoded_ca(built)
+
+
+def test_the_cert_manager_overlay_is_what_python_builds_with_the_injector_annotation(
+    rendered: dict[str, Objects],
+) -> None:
+    built = registration.build_webhook_configurations(
+        annotations={"cert-manager.io/inject-ca-from": "csinode-guard/csinode-guard-serving"}
+    )
+    assert _configurations(rendered["overlays/cert-manager"]) == built
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_only_updates_of_csinodes_reach_the_guard(kind: str) -> None:
+    (webhook,) = find(registration.build_webhook_configurations(), kind)["webhooks"]
+    assert webhook["rules"] == [
+        {
+            "operations": ["UPDATE"],
+            "apiGroups": ["storage.k8s.io"],
+            "apiVersions": ["v1"],
+            "resources": ["csinodes"],
+            "scope": "Cluster",
+        }
+    ]
+    assert webhook["sideEffects"] == "None"
+    assert webhook["admissionReviewVersions"] == ["v1"]
+    assert webhook["failurePolicy"] == "Fail"
+    assert 1 <= webhook["timeoutSeconds"] <= 5
+    assert [c["name"] for c in webhook["matchConditions"]] == [
+        "update-only",
+        "allocatable-count-or-guard-annotation-changed",
+    ]
+
+
+def test_the_endpoints_and_reinvocation() -> None:
+    mutating, validating = registration.build_webhook_configurations()
+    (mutate,) = mutating["webhooks"]
+    (validate,) = validating["webhooks"]
+    assert mutate["clientConfig"]["service"] == {
+        "name": "csinode-guard",
+        "namespace": "csinode-guard",
+        "path": "/mutate",
+        "port": 443,
+    }
+    assert validate["clientConfig"]["service"]["path"] == "/validate"
+    assert mutate["reinvocationPolicy"] == "IfNeeded"
+    assert "reinvocationPolicy" not in validate, "validating webhooks have no reinvocationPolicy"
+    assert "caBundle" not in mutate["clientConfig"]
+
+
+def test_a_url_target_replaces_the_service_and_carries_the_bundle() -> None:
+    mutating, validating = registration.build_webhook_configurations(
+        WebhookTarget(url="https://192.0.2.10:8443/", ca_bundle=b"-----BEGIN CERTIFICATE-----\n")
+    )
+    assert mutating["webhooks"][0]["clientConfig"] == {
+        "url": "https://192.0.2.10:8443/mutate",
+        "caBundle": base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode(),
+    }
+    assert validating["webhooks"][0]["clientConfig"]["url"] == "https://192.0.2.10:8443/validate"
+
+
+def test_dry_run_yaml_loads_back_to_the_same_objects() -> None:
+    built = registration.build_webhook_configurations(WebhookTarget(ca_bundle=b"ca"))
+    text = registration.dump_yaml(built)
+    assert list(yaml.safe_load_all(text)) == built
+    assert "expression: |-" in text, "the CEL expression prints as a readable block"
+
+
+def test_the_builders_return_fresh_objects() -> None:
+    first = registration.build_mutating_webhook_configuration()
+    first["webhooks"][0]["rules"][0]["operations"].append("CREATE")
+    first["webhooks"][0]["matchConditions"].clear()
+    assert registration.build_mutating_webhook_configuration()["webhooks"][0]["rules"][0]["operations"] == [
+        "UPDATE"
+    ]
+    assert registration.build_mutating_webhook_configuration()["webhooks"][0]["matchConditions"]
+
+
+@pytest.mark.parametrize("field", ["timeoutSeconds", "failurePolicy"])
+def test_the_yaml_explains_its_choice_beside_the_field(field: str) -> None:
+    lines = WEBHOOKS_YAML.read_text("utf-8").splitlines()
+    positions = [i for i, line in enumerate(lines) if line.strip().startswith(f"{field}:")]
+    assert len(positions) == 2
+    for position in positions:
+        assert lines[position - 1].strip().startswith("#"), f"no comment right above {field} at line {position + 1}"

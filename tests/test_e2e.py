@@ -1,0 +1,282 @@
+"""End to end: the real server over TLS, kubelet-shaped AdmissionReviews, the apiserver's mutate -> validate flow.
+
+The sequence of the issue: the node registers ebs.csi.aws.com at 25; network interfaces take two slots
+(25 -> 23, allowed); a driver downgraded to an old version reports 39 (version rollback, ceiling); increases
+faster than the period (denied); an approver's justification, then a drop to 0; an unbounded report (clamped
+back). The policy is policies/default.yaml with change-rate's minInterval shortened to 2s, so the test runs in
+seconds; everything else is the bundled default.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, RunningServer
+from tests.kube import (
+    EBS,
+    KUBELET,
+    apply_response,
+    base_csinode,
+    counts,
+    kubelet_update,
+    review,
+    with_annotation,
+)
+
+VERSIONS = "csinode-guard.io/driver-versions"
+JUSTIFICATION = "csinode-guard.io/justification"
+STATE = "csinode-guard.io/state"
+APPROVER = {"user": "alice@example.com", "groups": ["csinode-guard:approvers", "system:authenticated"]}
+
+
+def e2e_policy(tmp_path: Path) -> Path:
+    doc = yaml.safe_load((REPO / "policies" / "default.yaml").read_text())
+    doc["spec"]["rules"]["change-rate"]["minInterval"] = "2s"
+    path = tmp_path / "policy.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+class Apiserver:
+    """What kube-apiserver does with the webhooks: /mutate, apply the patch, /validate, store."""
+
+    def __init__(self, server: RunningServer, stored: dict[str, Any]) -> None:
+        self.server = server
+        self.stored = stored
+
+    def put(self, new: dict[str, Any], *, user: str = KUBELET, groups: list[str] | None = None,
+            dry_run: bool = False) -> dict[str, Any]:
+        mutate_review = review(self.stored, new, user=user, groups=groups, dry_run=dry_run)
+        answer = self.server.post("/mutate", mutate_review)
+        assert answer.status == 200, answer.data
+        mutated = json.loads(answer.data)
+        assert mutated["apiVersion"] == "admission.k8s.io/v1"
+        assert mutated["kind"] == "AdmissionReview"
+        assert mutated["response"]["uid"] == mutate_review["request"]["uid"]
+        if not mutated["response"]["allowed"]:
+            return mutated
+        final = apply_response(new, mutated)
+        validate_review = review(self.stored, final, user=user, groups=groups, dry_run=dry_run)
+        checked = json.loads(self.server.post("/validate", validate_review).data)
+        assert "patch" not in checked["response"] and "patchType" not in checked["response"]
+        assert checked["response"]["uid"] == validate_review["request"]["uid"]
+        assert checked["response"]["allowed"], checked["response"]
+        if not dry_run:
+            self.stored = final
+        mutated["final"] = final
+        return mutated
+
+
+def test_kubelet_sequence_is_judged_as_the_design_says(server_factory: Any, tmp_path: Path) -> None:
+    server = server_factory("--policy", str(e2e_policy(tmp_path)))
+    api = Apiserver(server, with_annotation(base_csinode(), VERSIONS, json.dumps({EBS: "v1.37.0"})))
+
+    # The node registers ebs.csi.aws.com at 25: a registration, never denied, no state written.
+    registered = api.put(kubelet_update(api.stored, EBS, 25))
+    assert registered["response"]["allowed"] is True
+    assert "patch" not in registered["response"]
+    assert counts(api.stored)[EBS] == 25
+
+    # Network interfaces take two slots: 25 -> 23 from the node's own kubelet passes and is recorded.
+    eni = api.put(kubelet_update(api.stored, EBS, 23))
+    assert eni["response"]["allowed"] is True
+    assert "warnings" not in eni["response"]
+    assert counts(api.stored)[EBS] == 23
+    state = json.loads(api.stored["metadata"]["annotations"][STATE])
+    assert state["drivers"][EBS]["count"] == 23
+    assert state["drivers"][EBS]["writerVersion"] == "v1.37.0"
+    assert state["uid"] == api.stored["metadata"]["uid"]
+
+    # A driver downgraded to an old version reports 39: version rollback (deny) and above the ceiling.
+    time.sleep(2.1)
+    downgraded = with_annotation(kubelet_update(api.stored, EBS, 39), VERSIONS, json.dumps({EBS: "v1.30.0"}))
+    rollback = api.put(downgraded)["response"]
+    assert rollback["allowed"] is False
+    assert rollback["status"]["code"] == 403
+    assert rollback["status"]["reason"] == "Forbidden"
+    lines = rollback["status"]["message"].splitlines()
+    assert lines == [
+        f"[writer-version] ip-10-0-1-23.ec2.internal/{EBS}: 23 -> 39: driver version rolled back v1.37.0 -> "
+        "v1.30.0; increases are frozen for 6h; roll the driver forward again, or have an approver justify the "
+        "rollback"
+    ]
+    assert rollback["auditAnnotations"]["decision"] == "deny"
+    assert rollback["auditAnnotations"]["rules"] == "writer-version,count-ceiling"
+    assert counts(api.stored)[EBS] == 23
+
+    # Back on v1.37.0, 23 -> 25 passes; a second increase right after it comes faster than the period.
+    api.stored = with_annotation(api.stored, VERSIONS, json.dumps({EBS: "v1.37.0"}))
+    assert api.put(kubelet_update(api.stored, EBS, 25))["response"]["allowed"] is True
+    fast = api.put(kubelet_update(api.stored, EBS, 26))["response"]
+    assert fast["allowed"] is False
+    assert fast["status"]["message"].startswith(f"[change-rate] ip-10-0-1-23.ec2.internal/{EBS}: 25 -> 26: ")
+    assert counts(api.stored)[EBS] == 25
+
+    # An unbounded report (after the period) is clamped back to the stored count, byte for byte: the PUT is a no-op.
+    time.sleep(2.1)
+    before = json.dumps(api.stored, sort_keys=False)
+    unbounded = api.put(kubelet_update(api.stored, EBS, None))
+    assert unbounded["response"]["allowed"] is True
+    assert unbounded["response"]["auditAnnotations"]["decision"] == "clamp"
+    assert any("clamped to 25" in w for w in unbounded["response"]["warnings"])
+    assert json.dumps(api.stored, sort_keys=False) == before
+
+    # An approver's justification for 0 is recorded in the signed state; then kubelet's drop to 0 passes quietly.
+    expires = (datetime.now(UTC) + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    justification = [{"driver": EBS, "reason": "instance retirement", "minCount": 0, "maxCount": 0,
+                      "expires": expires, "ticket": "OPS-4711"}]
+    approved = api.put(with_annotation(api.stored, JUSTIFICATION, json.dumps(justification)), **APPROVER)
+    assert approved["response"]["allowed"] is True
+    state = json.loads(api.stored["metadata"]["annotations"][STATE])
+    assert state["approvals"][0]["approvedBy"] == "alice@example.com"
+    assert state["approvals"][0]["ticket"] == "OPS-4711"
+    drop = api.put(kubelet_update(api.stored, EBS, 0))
+    assert drop["response"]["allowed"] is True
+    assert "warnings" not in drop["response"]
+    assert counts(api.stored)[EBS] == 0
+    correction = json.loads(api.stored["metadata"]["annotations"][STATE])["drivers"][EBS]["correction"]
+    assert (correction["from"], correction["to"], correction["basis"]) == (25, 0, "justification")
+
+    # Every answered review has its audit record (mutate and validate), with the rules that fired.
+    records = server.audit_records()
+    denied = [r for r in records if r["decision"] == "deny"]
+    assert {r["new"] for r in denied} == {39, 26}
+    assert any(r["decision"] == "clamp" and r["new"] == "unbounded" and r["final"] == 25 for r in records)
+    assert server.stop() == 0
+
+
+def test_an_unjustified_drop_to_zero_is_allowed_with_a_warning(server_factory: Any, tmp_path: Path) -> None:
+    server = server_factory()
+    stored = kubelet_update(base_csinode(), EBS, 25)
+    answer = json.loads(server.post("/mutate", review(stored, kubelet_update(stored, EBS, 0))).data)["response"]
+    assert answer["allowed"] is True
+    assert answer["auditAnnotations"] == {"decision": "warn", "policy": answer["auditAnnotations"]["policy"],
+                                          "rules": "count-rollback"}
+    assert answer["warnings"][0].startswith(f"[count-rollback] ip-10-0-1-23.ec2.internal/{EBS}: 25 -> 0: ")
+    assert all(len(w) <= 256 and "\n" not in w for w in answer["warnings"])
+
+
+def test_a_dry_run_gets_the_same_decision(server_factory: Any) -> None:
+    server = server_factory()
+    stored = kubelet_update(base_csinode(), EBS, 23)
+    for dry_run in (False, True):
+        body = review(stored, kubelet_update(stored, EBS, 60), dry_run=dry_run)
+        answer = json.loads(server.post("/mutate", body).data)["response"]
+        assert answer["allowed"] is True
+        ops = json.loads(base64.b64decode(answer["patch"]))
+        assert {"op": "add", "path": "/spec/drivers/1/allocatable/count", "value": 27} in ops
+    records = server.audit_records()
+    assert [r["dryRun"] for r in records] == [False, True]
+
+
+@pytest.mark.parametrize(
+    ("body", "content_type", "status", "fragment"),
+    [
+        pytest.param(b"{not json", "application/json", 400, "not JSON", id="a body that is not JSON is a 400"),
+        pytest.param({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}},
+                     "application/json", 400, "admission.k8s.io/v1", id="an AdmissionReview v1beta1 is a 400"),
+        pytest.param({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}, "application/json", 400,
+                     "no request", id="an AdmissionReview without request is a 400"),
+        pytest.param(b"[]", "application/json", 400, "JSON object", id="a JSON list is a 400"),
+        pytest.param(b"{}", "text/plain", 415, "Content-Type", id="a wrong content type is a 415"),
+        pytest.param(b"", "application/json", 400, "not JSON", id="an empty body is a 400"),
+    ],
+)
+def test_bad_input_gets_a_json_error_and_the_server_keeps_serving(
+    server_factory: Any, body: Any, content_type: str, status: int, fragment: str
+) -> None:
+    server = server_factory()
+    answer = server.post("/validate", body, content_type=content_type)
+    assert answer.status == status
+    error = json.loads(answer.data)
+    assert error["code"] == status
+    assert fragment in error["error"]
+    assert server.get("/healthz").status == 200
+
+
+def test_a_body_over_the_limit_is_refused_with_413_without_reading_it(server_factory: Any) -> None:
+    server = server_factory("--max-body-bytes", "2048")
+    stored = kubelet_update(base_csinode(), EBS, 23)
+    big = review(stored, kubelet_update(stored, EBS, 22))
+    big["request"]["object"]["metadata"]["annotations"]["padding"] = "x" * 4096
+    answer = server.post("/mutate", big)
+    assert answer.status == 413
+    assert json.loads(answer.data)["code"] == 413
+    fresh = server.client()
+    assert fresh.request("GET", "/healthz").status == 200
+
+
+def test_update_without_old_object_is_not_allowed_with_code_400(server_factory: Any) -> None:
+    server = server_factory()
+    body = review(None, kubelet_update(base_csinode(), EBS, 23))
+    answer = json.loads(server.post("/mutate", body).data)["response"]
+    assert answer["allowed"] is False
+    assert answer["status"]["code"] == 400
+    assert "oldObject" in answer["status"]["message"]
+    assert "patch" not in answer
+
+
+@pytest.mark.parametrize(
+    "operation",
+    [pytest.param("CREATE", id="CREATE is always allowed"), pytest.param("DELETE", id="DELETE is always allowed")],
+)
+def test_create_and_delete_are_always_allowed(server_factory: Any, operation: str) -> None:
+    server = server_factory()
+    obj = kubelet_update(base_csinode(), EBS, 25)
+    old, new = (None, obj) if operation == "CREATE" else (obj, None)
+    answer = json.loads(server.post("/mutate", review(old, new, operation=operation)).data)["response"]
+    assert answer["allowed"] is True
+    assert "patch" not in answer and "warnings" not in answer
+
+
+def test_another_resource_is_allowed_with_a_warning(server_factory: Any) -> None:
+    server = server_factory()
+    body = review(base_csinode(), base_csinode())
+    body["request"]["resource"] = {"group": "", "version": "v1", "resource": "nodes"}
+    answer = json.loads(server.post("/validate", body).data)["response"]
+    assert answer["allowed"] is True
+    assert "nodes" in answer["warnings"][0]
+    assert "misconfig" in server.stderr_path.read_text() or "nodes" in server.stderr_path.read_text()
+
+
+def test_keep_alive_serves_many_reviews_on_one_tls_connection(server_factory: Any) -> None:
+    server = server_factory()
+    stored = kubelet_update(base_csinode(), EBS, 25)
+    pool = server.client()
+    for i in range(20):
+        answer = pool.request("POST", "/validate?timeout=10s",
+                              body=json.dumps(review(stored, kubelet_update(stored, EBS, 24 - i % 3))).encode(),
+                              headers={"Content-Type": "application/json"})
+        assert answer.status == 200
+    assert pool.num_connections == 1
+
+
+def test_metrics_count_requests_by_endpoint_and_decision(server_factory: Any) -> None:
+    server = server_factory()
+    stored = kubelet_update(base_csinode(), EBS, 25)
+    server.post("/mutate", review(stored, kubelet_update(stored, EBS, 24)))
+    server.post("/mutate", b"nope")
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+    assert 'csinode_guard_requests_total{decision="allow",dry_run="false",endpoint="mutate"} 1.0' in text
+    assert 'csinode_guard_bad_requests_total{code="400"} 1.0' in text
+    assert "csinode_guard_serving_certificate_expiry_timestamp_seconds" in text
+
+
+def test_sigterm_finishes_and_exits_zero(server_factory: Any) -> None:
+    server = server_factory()
+    stored = kubelet_update(base_csinode(), EBS, 25)
+    server.post("/mutate", review(stored, kubelet_update(stored, EBS, 24)))
+    server.process.send_signal(signal.SIGTERM)
+    assert server.process.wait(timeout=30) == 0
+    assert len(server.audit_records()) == 1

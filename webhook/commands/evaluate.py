@@ -1,0 +1,85 @@
+"""``csinode-guard evaluate``: judge one AdmissionReview file offline and explain every rule's outcome."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+import yaml
+
+from webhook.cluster import ClusterView, UnknownClusterView
+from webhook.evaluation import Mode, evaluate, explain
+from webhook.facts import FactsError, view_from_facts
+from webhook.policy import PolicyError, load_policy
+from webhook.review import ReviewError, build_response, parse_review
+from webhook.state import StateKeys, parse_time
+
+
+def _keys(path: Path | None) -> tuple[StateKeys, str]:
+    from webhook.tls import StateKeyError, ensure_state_key  # noqa: PLC0415
+
+    if path is None:
+        default = Path("certs/state.key")
+        if not default.exists():
+            import os  # noqa: PLC0415
+
+            return StateKeys([os.urandom(32)]), "a throwaway key (state on the object will not verify)"
+        path = default
+    if not path.exists():
+        raise click.BadParameter(f"{path} does not exist", param_hint="--state-key-file")
+    try:
+        return StateKeys(ensure_state_key(path)), str(path)
+    except (StateKeyError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--state-key-file") from None
+
+
+@click.command("evaluate")
+@click.option("--review", "review_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="AdmissionReview JSON file ('-' is not accepted; save it first).")
+@click.option("--policy", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Policy YAML (default: the bundled policy).")
+@click.option("--now", "now_text", help="Evaluation time, RFC 3339 (default: now, UTC).")
+@click.option("--endpoint", type=click.Choice(["mutate", "validate"]), default="mutate", show_default=True)
+@click.option("--state-key-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="State HMAC key file (default: certs/state.key when present).")
+@click.option("--cluster-facts", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="YAML with node labels, driver versions, periods, attach errors (see webhook/facts.py).")
+def evaluate_command(review_file: Path, policy: Path | None, now_text: str | None, endpoint: str,
+                     state_key_file: Path | None, cluster_facts: Path | None) -> None:
+    """Print the AdmissionReview response for REVIEW and one line per rule explaining its outcome.
+
+    Exit code 0 when the write is allowed, 1 when denied, 2 for unusable input.
+    """
+    try:
+        request = parse_review(review_file.read_bytes())
+    except ReviewError as exc:
+        raise click.ClickException(f"{review_file}: {exc.message}") from None
+    try:
+        loaded = load_policy(policy)
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        now = parse_time(now_text) if now_text else datetime.now(UTC)
+    except ValueError:
+        raise click.BadParameter(f"not an RFC 3339 time: {now_text}", param_hint="--now") from None
+    cluster: ClusterView = UnknownClusterView()
+    if cluster_facts is not None:
+        try:
+            cluster = view_from_facts(yaml.safe_load(cluster_facts.read_text()))
+        except (FactsError, yaml.YAMLError) as exc:
+            raise click.ClickException(f"{cluster_facts}: {exc}") from None
+    keys, key_source = _keys(state_key_file)
+    mode = Mode(endpoint)
+    decision = evaluate(request, loaded, cluster, now, keys, mode=mode)
+    document = build_response(request.uid, decision.response, allow_patch=mode is Mode.MUTATE)
+    click.echo(json.dumps(document, indent=2))
+    click.echo(f"# decision: {decision.decision.value} (policy {loaded.source}, hash {loaded.hash}, "
+               f"at {now.isoformat()}, state key: {key_source})", err=False)
+    for line in explain(decision):
+        click.echo(f"# {line}")
+    if decision.response.patch:
+        click.echo("# patch: " + json.dumps(list(decision.response.patch)))
+    sys.exit(0 if decision.response.allowed else 1)
