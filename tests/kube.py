@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import uuid
@@ -26,7 +27,7 @@ def base_csinode() -> dict[str, Any]:
     return loaded
 
 
-def driver_entry(name: str, count: int | None | str) -> dict[str, Any]:
+def driver_entry(name: str, count: int | str | None) -> dict[str, Any]:
     """A spec.drivers[] entry as kubelet writes it; count None -> no allocatable (unbounded)."""
     entry: dict[str, Any] = {"name": name, "nodeID": EBS_NODE_ID, "topologyKeys": list(EBS_TOPOLOGY)}
     if count is None or count == ABSENT:
@@ -105,8 +106,6 @@ def review(
 
 def apply_response(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, Any]:
     """The object the apiserver stores after a /mutate response (applies its JSONPatch, if any)."""
-    import base64
-
     patch = response["response"].get("patch")
     if not patch:
         return copy.deepcopy(obj)

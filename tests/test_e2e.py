@@ -13,6 +13,7 @@ import base64
 import json
 import signal
 import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -265,8 +266,6 @@ def test_metrics_count_requests_by_endpoint_and_decision(server_factory: Any) ->
     stored = kubelet_update(base_csinode(), EBS, 25)
     server.post("/mutate", review(stored, kubelet_update(stored, EBS, 24)))
     server.post("/mutate", b"nope")
-    import urllib.request
-
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
     assert 'csinode_guard_requests_total{decision="allow",dry_run="false",endpoint="mutate"} 1.0' in text
     assert 'csinode_guard_bad_requests_total{code="400"} 1.0' in text

@@ -520,13 +520,20 @@ def test_attach_errors_are_classified_and_filtered_by_time(
 
 
 def test_observe_headroom_records_allocatable_minus_attached_per_driver(view: KubernetesClusterView) -> None:
-    count_before = metric("csinode_guard_attach_headroom_volumes_count", driver=EBS)
-    sum_before = metric("csinode_guard_attach_headroom_volumes_sum", driver=EBS)
+    def bucket(le: str) -> float:
+        return metric("csinode_guard_attach_headroom_volumes_bucket", driver=EBS, le=le)
+
+    before = {le: bucket(le) for le in ("-1.0", "16.0", "32.0")}
     assert view.observe_headroom(EBS, 25, NODE) == 24
     assert view.observe_headroom(EBS, 0, NODE) == -1
     assert view.observe_headroom(EBS, None, NODE) is None  # unbounded: nothing recorded
-    assert metric("csinode_guard_attach_headroom_volumes_count", driver=EBS) == count_before + 2
-    assert metric("csinode_guard_attach_headroom_volumes_sum", driver=EBS) == sum_before + 23
+    assert view.observe_headroom(EBS, 25, OTHER_NODE) == 25  # nothing attached there
+    assert bucket("-1.0") == before["-1.0"] + 1
+    assert bucket("16.0") == before["16.0"] + 1
+    assert bucket("32.0") == before["32.0"] + 3
+    # One series per driver only: no node label anywhere.
+    families = [m for m in REGISTRY.collect() if m.name.startswith("csinode_guard_")]
+    assert all("node" not in sample.labels for family in families for sample in family.samples)
 
 
 def test_cache_metrics_are_published(view: KubernetesClusterView) -> None:
@@ -566,8 +573,8 @@ def test_kubeconfig_from_the_environment_builds_a_started_view(
         assert view._settings.max_staleness == 7 and view._settings.cache_sync_timeout == 9
         wait_until(caches.ready)
         assert view.driver_version(NODE, EBS) == "v1.37.0"
-        assert {r.headers["User-Agent"] for r in apiserver.requests_for("nodes")} == {"csinode-guard/0.1.0"}
-        assert {r.headers["Authorization"] for r in apiserver.requests_for("nodes")} == {"Bearer test-token"}
+        assert {r.headers["user-agent"] for r in apiserver.requests_for("nodes")} == {"csinode-guard/0.1.0"}
+        assert {r.headers["authorization"] for r in apiserver.requests_for("nodes")} == {"Bearer test-token"}
     finally:
         caches.stop()
 

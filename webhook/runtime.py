@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from datetime import UTC, datetime
 from typing import Any
@@ -92,13 +93,11 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
             if result == "success":
                 on_policy(snapshot.policy)
 
-        store._on_reload = on_reload_cluster  # noqa: SLF001 - wiring within the package
+        store._on_reload = on_reload_cluster
 
     def certificate_problems() -> list[str]:
-        try:
+        with contextlib.suppress(Exception):  # unreadable files are reported by certificate_problems
             metrics.CERT_EXPIRY.set(tls.certificate_not_after(cert_file).timestamp())
-        except Exception:  # noqa: BLE001 - reported through the problems list
-            pass
         problems = tls.certificate_problems(cert_file, now=datetime.now(UTC))
         for p in problems:
             log.error("serving certificate: %s", p)

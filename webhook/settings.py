@@ -13,7 +13,7 @@ class Settings:
     Each field is a ``serve`` flag (``--cert-dir``) and an environment variable (``CSINODE_GUARD_CERT_DIR``).
     """
 
-    host: str = "0.0.0.0"  # noqa: S104 - the webhook must be reachable from the apiserver
+    host: str = "0.0.0.0"
     """Address to listen on for HTTPS."""
     port: int = 8443
     """HTTPS port for /mutate, /validate, /healthz, /readyz."""

@@ -86,7 +86,8 @@ class ApiError(Exception):
 
 @dataclass(frozen=True)
 class RecordedRequest:
-    """One request as the server saw it. ``query`` keeps the last value of each parameter."""
+    """One request as the server saw it. ``query`` keeps the last value of each parameter; ``headers`` has
+    lower-case names."""
 
     method: str
     path: str
@@ -864,7 +865,7 @@ class _Handler(BaseHTTPRequestHandler):
                 name=name,
                 watch=is_watch,
                 time=time.monotonic(),
-                headers=dict(self.headers.items()),
+                headers={k.lower(): v for k, v in self.headers.items()},
             )
         )
         try:
