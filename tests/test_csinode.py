@@ -77,7 +77,11 @@ def test_parse_csinode_indexes_drivers_by_name_and_keeps_their_position() -> Non
             id="annotations are a list",
         ),
         pytest.param({"spec": "x"}, r"object\.spec must be an object", id="spec is a string"),
-        pytest.param({"spec": {"drivers": {}}}, r"object\.spec\.drivers must be a list", id="drivers is a map"),
+        pytest.param(
+            {"spec": {"drivers": {EBS: {"name": EBS}}}},
+            r"object\.spec\.drivers must be a list",
+            id="drivers is a map",
+        ),
         pytest.param(
             {"spec": {"drivers": ["ebs"]}},
             r"object\.spec\.drivers\[0\] must be an object with a name",

@@ -111,7 +111,7 @@ def kubeconfig(apiserver: FakeApiServer, tmp_path: Path) -> str:
 
 
 @pytest.fixture
-def make_view(kubeconfig: str) -> Iterator[Callable[..., KubernetesClusterView]]:
+def make_view(apiserver: FakeApiServer, kubeconfig: str) -> Iterator[Callable[..., KubernetesClusterView]]:
     """Build and start views on ``apiserver`` (FAST settings plus overrides); all are stopped afterwards."""
     api_client = load_api_client(kubeconfig)
     views: list[KubernetesClusterView] = []
@@ -123,6 +123,7 @@ def make_view(kubeconfig: str) -> Iterator[Callable[..., KubernetesClusterView]]
         return view
 
     yield make
+    apiserver.release_all()  # a request still hanging cannot be interrupted by stop()
     for view in views:
         view.stop(timeout=2.0)
         assert not any(r.alive for r in view._reflectors()), "watch threads still running after stop()"
@@ -192,7 +193,7 @@ def test_requests_list_in_pages_then_watch_with_bookmarks_and_pod_selectors(
     for resource in ("nodes", "csidrivers", "volumeattachments", "pods"):
         wait_until(lambda r=resource: apiserver.requests_for(r, watch=True), what=f"{resource} watch")
         first_list = apiserver.requests_for(resource, watch=False)[0]
-        assert first_list.query["limit"] == "500"
+        assert first_list.query["limit"] == "100"
         watch = apiserver.requests_for(resource, watch=True)[0]
         assert watch.query["allowWatchBookmarks"] == "true"
         assert int(watch.query["resourceVersion"]) > 0
@@ -338,13 +339,15 @@ def test_never_synced_cache_answers_unknown_and_readiness_degrades_after_the_tim
     apiserver.hang("volumeattachments")
     caplog.set_level(logging.WARNING, logger="webhook.providers")
     view = make_view(cache_sync_timeout=0.3)
-    wait_until(lambda: view.nodes.synced and view.csidrivers.synced, what="other caches")
+    wait_until(lambda: all(r.synced for r in view._reflectors() if r.kind != "volumeattachments"), what="others")
     assert not view.synced() and not view.ready()
+    assert view.readiness() == (False, "waiting for caches: volumeattachments")
     assert view.attach_errors(NODE, EBS, LONG_AGO) is None
     assert view.attached_volumes(NODE, EBS) is None
     assert view.kubelet_version(NODE) == "v1.35.0-eks-3cfe0ce"  # the other caches answer
     wait_until(view.ready, what="degraded readiness")
     assert view.degraded()
+    assert view.readiness() == (True, "degraded: volumeattachments not synced")
     assert [r.message for r in caplog.records if "degraded" in r.message] == [
         "cluster caches not synced after 0 s (volumeattachments); ready in degraded mode: their facts are unknown"
     ]
@@ -353,6 +356,7 @@ def test_never_synced_cache_answers_unknown_and_readiness_degrades_after_the_tim
     apiserver.release("volumeattachments")
     wait_until(lambda: not view.degraded(), what="leaving degraded mode")
     assert view.ready() and view.synced()
+    assert view.readiness() == (True, "synced")
     assert view.attached_volumes(NODE, EBS) == 1
     wait_until(lambda: metric("csinode_guard_cache_degraded") == 0)
 
@@ -384,12 +388,13 @@ def test_lookup_gives_up_after_the_budget_when_the_cache_lock_is_held(view: Kube
         assert view.attached_volumes(NODE, EBS) is None
         assert view.attach_errors(NODE, EBS, LONG_AGO) is None
         elapsed = time.perf_counter() - started
-    assert elapsed < 2 * 0.005 + 0.02
+    assert elapsed < 0.1  # two budgets of 5 ms, plus thread scheduling on a loaded machine
     assert metric("csinode_guard_cache_lookup_timeouts_total", kind="volumeattachments") == before + 2
     assert view.attached_volumes(NODE, EBS) == 1
 
 
 def test_lookups_stay_fast_while_the_api_hangs(view: KubernetesClusterView, apiserver: FakeApiServer) -> None:
+    wait_until(lambda: apiserver.active_watches("volumeattachments") == 1)
     apiserver.hang("volumeattachments")
     apiserver.drop_watches("volumeattachments")  # the reconnect now hangs
     wait_until(lambda: len(apiserver.requests_for("volumeattachments", watch=True)) == 2)
@@ -557,6 +562,7 @@ def test_without_any_cluster_configuration_the_view_is_offline(
     view, caches = build_cluster_view(None, [EBS_IMAGE_SOURCE], 120, 60)
     assert isinstance(view, UnknownClusterView) and isinstance(caches, OfflineCaches)
     assert caches.ready() and not caches.synced() and not caches.degraded()
+    assert caches.readiness() == (True, "offline")
     assert caches.observe_headroom(EBS, 25, NODE) is None
     assert view.kubelet_version(NODE) is None
     assert len([r for r in caplog.records if r.name.startswith("webhook.providers")]) == 1

@@ -18,11 +18,14 @@ def main() -> None:
 
 
 def _register_commands() -> None:
-    from webhook.commands import certs, evaluate, serve  # noqa: PLC0415
+    from webhook.commands import audit, certs, evaluate, policy, replay, serve  # noqa: PLC0415
 
     main.add_command(serve.serve)
     main.add_command(evaluate.evaluate_command)
     main.add_command(certs.certs)
+    main.add_command(policy.policy)
+    main.add_command(replay.replay_command)
+    main.add_command(audit.audit)
 
 
 _register_commands()

@@ -10,6 +10,7 @@ disappears a removal: neither is a change (kubelet marks the node NotReady when 
 from __future__ import annotations
 
 import enum
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,11 @@ class CSINode:
     has_annotations: bool
 
 
+def _is_mapping(value: Any) -> bool:
+    """``isinstance(value, Mapping)`` with a fast path for the dicts JSON decoding gives."""
+    return isinstance(value, (dict, Mapping))
+
+
 def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
     """Read a CSINode JSON object (storage.k8s.io/v1) into a :class:`CSINode`.
 
@@ -53,23 +59,24 @@ def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
     driver name repeats, or when ``allocatable.count`` is neither absent, null nor a non-negative integer.
     """
     metadata = obj.get("metadata") or {}
-    if not isinstance(metadata, Mapping):
+    if not _is_mapping(metadata):
         raise CSINodeError(f"{where}.metadata must be an object")
     raw_annotations = metadata.get("annotations")
     annotations: dict[str, str] = {}
-    if isinstance(raw_annotations, Mapping):
+    has_annotations = _is_mapping(raw_annotations)
+    if has_annotations:
         annotations = {str(k): str(v) for k, v in raw_annotations.items()}
     elif raw_annotations is not None:
         raise CSINodeError(f"{where}.metadata.annotations must be an object")
     spec = obj.get("spec") or {}
-    if not isinstance(spec, Mapping):
+    if not _is_mapping(spec):
         raise CSINodeError(f"{where}.spec must be an object")
     raw_drivers = spec.get("drivers") or []
     if not isinstance(raw_drivers, list):
         raise CSINodeError(f"{where}.spec.drivers must be a list")
     drivers: dict[str, CSINodeDriver] = {}
     for i, entry in enumerate(raw_drivers):
-        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str) or not entry["name"]:
+        if not _is_mapping(entry) or not isinstance(entry.get("name"), str) or not entry["name"]:
             raise CSINodeError(f"{where}.spec.drivers[{i}] must be an object with a name")
         name = entry["name"]
         if name in drivers:
@@ -85,14 +92,14 @@ def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
         uid=str(metadata.get("uid") or ""),
         annotations=annotations,
         drivers=drivers,
-        has_annotations=isinstance(raw_annotations, Mapping),
+        has_annotations=has_annotations,
     )
 
 
 def _read_count(allocatable: Any, where: str) -> int | None:
     if allocatable is None:
         return None
-    if not isinstance(allocatable, Mapping):
+    if not _is_mapping(allocatable):
         raise CSINodeError(f"{where}.allocatable must be an object")
     count = allocatable.get("count")
     if count is None:
@@ -124,16 +131,16 @@ class CountChange:
     new: int | None
     index: int
 
-    @property
+    @functools.cached_property
     def kind(self) -> ChangeKind:
-        """The :class:`ChangeKind`: unbounded counts as +infinity."""
+        """The :class:`ChangeKind`: unbounded counts as +infinity (computed once; the rules ask often)."""
         if self.new is None:
             return ChangeKind.TO_UNBOUNDED
         if self.old is None:
             return ChangeKind.TO_BOUNDED
         return ChangeKind.INCREASE if self.new > self.old else ChangeKind.DECREASE
 
-    @property
+    @functools.cached_property
     def is_increase(self) -> bool:
         """True for an increase or bounded -> unbounded (the unsafe direction)."""
         return self.kind in (ChangeKind.INCREASE, ChangeKind.TO_UNBOUNDED)

@@ -13,11 +13,10 @@ the most restrictive allowed count (closest to the old one); ``warn`` -> warning
 
 from __future__ import annotations
 
-import copy
 import enum
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -43,6 +42,7 @@ from webhook.state import (
     StateKeys,
     StateProblem,
     decode_state,
+    encode_state,
 )
 
 
@@ -129,7 +129,8 @@ class _Finding:
 
 def _line(node: str, change: CountChange | None, v: Violation, suffix: str = "") -> str:
     if change is None:
-        where = f"{node}: {JUSTIFICATION_ANNOTATION}"
+        # A request-level finding is about an annotation: the guard's state or the justification.
+        where = f"{node}: {STATE_ANNOTATION if v.rule == STATE_INTEGRITY else JUSTIFICATION_ANNOTATION}"
     else:
         where = f"{node}/{change.driver}: {format_count(change.old)} -> {format_count(change.new)}{suffix}"
     return f"[{v.rule}] {where}: {v.why}; {v.proceed}"
@@ -175,6 +176,12 @@ def _driver_version(dp: DriverPolicy, obj: CSINode, cluster: ClusterView, node: 
         return None
     value = versions.get(driver) if isinstance(versions, dict) else None
     return value if isinstance(value, str) and value else None
+
+
+def _raw_drivers(obj: Mapping[str, Any] | None) -> list[Any]:
+    """``spec.drivers`` of a raw object that ``parse_csinode`` accepted (a falsy spec or list means none)."""
+    spec = (obj or {}).get("spec") or {}
+    return list(spec.get("drivers") or [])
 
 
 def _in_scope(policy: Policy, labels: Mapping[str, str] | None) -> bool:
@@ -245,8 +252,9 @@ def evaluate(
     """Judge one AdmissionRequest against ``policy`` at ``now`` (timezone-aware UTC).
 
     ``cluster`` answers node labels, versions, attach errors and driver periods (None = unknown); ``keys``
-    verify the state on ``oldObject`` and sign the new one. ``budget`` (only consulted in /mutate, for requests
-    that are not a dry run) is the per-replica cluster-wide increase budget, read with ``budget_clock`` seconds.
+    verify the state on ``oldObject`` and sign the new one. ``budget`` (only consulted in /mutate; a dry-run
+    request is judged against it without taking from it) is the per-replica cluster-wide increase budget, read
+    with ``budget_clock`` seconds.
 
     Never raises for bad input: an UPDATE without ``oldObject`` or with an object that is not a CSINode gives an
     ``invalid`` decision (``allowed: false``, code 400). CREATE, DELETE, registrations and removals are allowed;
@@ -422,12 +430,16 @@ class _Evaluation:
             self.notes.append(note)
 
     def _check_budget(self, finals: Mapping[str, int | None], changes: Sequence[CountChange]) -> None:
-        if self.budget is None or self.mode is not Mode.MUTATE or self.request.dry_run:
+        if self.budget is None or self.mode is not Mode.MUTATE:
             return
         rising = [c for c in changes if self._rises(c, finals[c.driver])]
         if not rising:
             return
-        if self.budget.take(len(rising), self.budget_clock):
+        if self.request.dry_run:
+            # A dry run gets the decision a real request would get, but takes nothing from the budget.
+            if self.budget.available(self.budget_clock) + 1e-9 >= len(rising):
+                return
+        elif self.budget.take(len(rising), self.budget_clock):
             return
         for c in rising:
             self._add(
@@ -541,33 +553,38 @@ class _Evaluation:
             outcomes.append(ChangeOutcome(c, final, ctx.driver_version, basis, freeze))
         if not entries_changed and not self.approvals_recorded:
             return None, outcomes
-        state = replace(state, approvals=tuple(self.approvals)).pruned(self.now, list(self.new.drivers))
+        state = GuardState(uid=state.uid, entries=state.entries, approvals=tuple(self.approvals)).pruned(
+            self.now, list(self.new.drivers)
+        )
         return state, outcomes
 
     def _patch(self, changes: Sequence[CountChange], finals: Mapping[str, int | None],
                new_state: GuardState | None) -> list[Operation]:
         ops: list[Operation] = []
-        raw_new = list((self.request.object or {}).get("spec", {}).get("drivers") or [])
-        raw_old = list((self.request.old_object or {}).get("spec", {}).get("drivers") or [])
         clamped = [c for c in changes if finals[c.driver] != c.new]
-        final_drivers = copy.deepcopy(raw_new)
-        for c in clamped:
-            final = finals[c.driver]
-            if final is None:  # pragma: no cover - a clamp target is always a count
-                continue
-            entry = final_drivers[c.index]
-            allocatable = entry.get("allocatable")
-            ops.append(set_count(c.index, final, isinstance(allocatable, dict)))
-            if isinstance(allocatable, dict):
-                allocatable["count"] = final
-            else:
-                entry["allocatable"] = {"count": final}
-        by_name = {d.get("name"): d for d in final_drivers if isinstance(d, dict)}
-        old_by_name = {d.get("name"): d for d in raw_old if isinstance(d, dict)}
-        if clamped and by_name == old_by_name and final_drivers != raw_old:
-            # The clamped result equals the stored object but kubelet re-appended the driver: restore the
-            # stored order so that the PUT is a no-op for the apiserver (nothing written to etcd).
-            ops = [replace_drivers(raw_old)]
+        if clamped:
+            raw_new = _raw_drivers(self.request.object)
+            raw_old = _raw_drivers(self.request.old_object)
+            # Copy-on-write: only the entries a clamp rewrites are copied (the request's objects stay as sent).
+            final_drivers = list(raw_new)
+            for c in clamped:
+                final = finals[c.driver]
+                if final is None:  # pragma: no cover - a clamp target is always a count
+                    continue
+                entry = dict(final_drivers[c.index])
+                final_drivers[c.index] = entry
+                allocatable = entry.get("allocatable")
+                ops.append(set_count(c.index, final, isinstance(allocatable, dict)))
+                if isinstance(allocatable, dict):
+                    entry["allocatable"] = {**allocatable, "count": final}
+                else:
+                    entry["allocatable"] = {"count": final}
+            by_name = {d.get("name"): d for d in final_drivers if isinstance(d, dict)}
+            old_by_name = {d.get("name"): d for d in raw_old if isinstance(d, dict)}
+            if by_name == old_by_name and final_drivers != raw_old:
+                # The clamped result equals the stored object but kubelet re-appended the driver: restore the
+                # stored order so that the PUT is a no-op for the apiserver (nothing written to etcd).
+                ops = [replace_drivers(raw_old)]
         old_value = self.old.annotations.get(STATE_ANNOTATION)
         new_value = self.new.annotations.get(STATE_ANNOTATION)
         if new_state is not None:
@@ -581,8 +598,6 @@ class _Evaluation:
         return ops
 
     def _encode(self, state: GuardState) -> str:
-        from webhook.state import encode_state  # noqa: PLC0415 - keeps the import list of the hot path short
-
         return encode_state(state, self.keys)
 
     # -- the pipeline ---------------------------------------------------------------------------------------

@@ -419,6 +419,13 @@ def parse_policy(doc: Any, source: str = "<policy>", policy_dir: Path | None = N
     spec = doc["spec"]
     base_rules = spec.get("rules") or {}
     defaults = spec.get("defaults") or {}
+    if "rules" in defaults:
+        # The schema's driverSettings admits ``rules`` for spec.drivers.<driver>; under defaults it would be ignored.
+        raise PolicyError(
+            source,
+            "$.spec.defaults.rules",
+            "rules are set under spec.rules (every driver) or spec.drivers.<driver>.rules, not under spec.defaults",
+        )
     drivers: dict[str, DriverPolicy] = {}
     for name, override in (spec.get("drivers") or {}).items():
         merged = _deep_merge(defaults, {k: v for k, v in override.items() if k != "rules"})

@@ -5,12 +5,28 @@ path, inode, size and modification time of the policy file every ``interval`` se
 process). A valid new policy becomes current with the next generation number; an invalid one is logged with
 file, path and constraint, reported to ``on_reload("invalid")``, and the last good policy keeps serving.
 Swapping is one reference assignment: a request in flight keeps the policy it started with.
+
+Generation numbers are shared by the processes of one server. Every gunicorn worker has its own store and
+reloads on its own; a worker that starts (or is restarted) after a reload loads the new policy first. With a
+per-process counter that worker would call the new policy generation 1 while its siblings call it 2, so audit
+records and /readyz of one server would disagree. A :class:`GenerationLedger` (a small file of hash ->
+generation, appended under ``flock``) gives every process the same number for the same policy version: the
+first store of a server creates it in a fresh temporary directory and exports its location in
+``CSINODE_GUARD_POLICY_LEDGER_DIR``, so the workers forked after it (gunicorn's master builds a store before it
+forks) share it. When no file can be created, each process counts on its own (and says so in the log).
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import json
 import logging
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +45,78 @@ class PolicySnapshot:
     generation: int
 
 
+LEDGER_ENV = "CSINODE_GUARD_POLICY_LEDGER_DIR"
+
+
+class GenerationLedger:
+    """Policy generations shared by processes: an append-only file of ``{"generation": n, "hash": h}`` lines.
+
+    ``path`` None keeps the ledger in memory (one process). :meth:`generation_for` returns the generation of a
+    policy version: the last entry's when its hash is the same, else a new entry (last + 1).
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._entries: list[tuple[int, str]] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_policy(cls, policy_path: Path | None) -> GenerationLedger:
+        """The ledger of ``policy_path`` shared with this server's other processes (see the module docstring)."""
+        if policy_path is None:
+            return cls(None)
+        directory = os.environ.get(LEDGER_ENV)
+        if not directory or not os.path.isdir(directory):
+            try:
+                directory = tempfile.mkdtemp(prefix="csinode-guard-policy-")
+            except OSError as exc:
+                log.warning("policy generations are counted per process (no ledger directory: %s)", exc)
+                return cls(None)
+            os.environ[LEDGER_ENV] = directory
+            creator = os.getpid()
+
+            def remove() -> None:
+                if os.getpid() == creator:
+                    shutil.rmtree(str(directory), ignore_errors=True)
+
+            atexit.register(remove)
+        key = hashlib.sha256(os.path.abspath(policy_path).encode()).hexdigest()[:16]
+        return cls(Path(directory) / f"generations-{key}.jsonl")
+
+    def generation_for(self, policy_hash: str) -> int:
+        """The generation of the policy with ``policy_hash``, recording a new one when it is not the latest."""
+        with self._lock:
+            if self.path is None:
+                return self._next(self._entries, policy_hash)
+            try:
+                with self.path.open("a+", encoding="utf-8") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX)
+                    f.seek(0)
+                    entries = []
+                    for line in f:
+                        with contextlib.suppress(ValueError, KeyError, TypeError):
+                            doc = json.loads(line)
+                            entries.append((int(doc["generation"]), str(doc["hash"])))
+                    before = len(entries)
+                    generation = self._next(entries, policy_hash)
+                    if len(entries) != before:
+                        f.write(json.dumps({"generation": generation, "hash": policy_hash}) + "\n")
+                        f.flush()
+                    return generation
+            except OSError as exc:
+                log.warning("policy generation ledger %s unusable (%s); counting in this process", self.path, exc)
+                self.path = None
+                return self._next(self._entries, policy_hash)
+
+    @staticmethod
+    def _next(entries: list[tuple[int, str]], policy_hash: str) -> int:
+        if entries and entries[-1][1] == policy_hash:
+            return entries[-1][0]
+        generation = (entries[-1][0] + 1) if entries else 1
+        entries.append((generation, policy_hash))
+        return generation
+
+
 def _fingerprint(path: Path) -> tuple[str, int, int, int] | None:
     try:
         real = os.path.realpath(path)
@@ -42,7 +130,8 @@ class PolicyStore:
     """Holds the current :class:`PolicySnapshot`; ``path`` None means the bundled default (never reloaded).
 
     Raises :class:`PolicyError` at construction when the initial policy is invalid (the server must not start
-    on a broken policy). ``on_reload(result, snapshot)`` is called after every reload attempt.
+    on a broken policy). ``on_reload(result, snapshot)`` is called after every reload attempt. ``ledger``
+    numbers the generations (default: shared with this server's other processes, see the module docstring).
     """
 
     def __init__(
@@ -50,12 +139,15 @@ class PolicyStore:
         path: Path | None,
         interval: float = 5.0,
         on_reload: Callable[[str, PolicySnapshot], None] | None = None,
+        ledger: GenerationLedger | None = None,
     ) -> None:
         self.path = path
         self.interval = interval
         self._on_reload = on_reload
-        self._snapshot = PolicySnapshot(load_policy(path), 1)
+        self._ledger = ledger if ledger is not None else GenerationLedger.for_policy(path)
         self._fingerprint = _fingerprint(path or bundled_policy_path())
+        policy = load_policy(path)
+        self._snapshot = PolicySnapshot(policy, self._ledger.generation_for(policy.hash))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -82,9 +174,10 @@ class PolicyStore:
             if self._on_reload:
                 self._on_reload("invalid", self._snapshot)
             return "invalid"
-        if policy.hash == self._snapshot.policy.hash:
+        generation = self._ledger.generation_for(policy.hash)
+        if policy.hash == self._snapshot.policy.hash and generation == self._snapshot.generation:
             return None
-        self._snapshot = PolicySnapshot(policy, self._snapshot.generation + 1)
+        self._snapshot = PolicySnapshot(policy, generation)
         log.info("policy reloaded: generation %d, hash %s", self._snapshot.generation, policy.hash)
         if self._on_reload:
             self._on_reload("success", self._snapshot)

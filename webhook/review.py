@@ -15,6 +15,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
 
+try:
+    import orjson
+except ImportError:  # pragma: no cover - orjson is a dependency; json alone gives the same results, slower
+    orjson = None  # type: ignore[assignment]
+
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 MAX_WARNING_LENGTH = 256
@@ -111,6 +116,30 @@ def _require(mapping: Mapping[str, Any], key: str, kind: type, where: str) -> An
     return value
 
 
+_NUMBERS_AND_OPENERS = bytes.maketrans(b"0123456789[", b"0000000000{")
+_LONG_NUMBER = b"0" * 19
+_MAX_FAST_OPENERS = 500
+
+
+def decode_json(body: bytes | str) -> Any:
+    """``json.loads(body)``, faster: the same value, or the same exception, for every input.
+
+    orjson decodes about three times faster than ``json``. Where the two could differ, ``json`` decodes:
+    orjson turns integers beyond 64 bits into floats (a run of 19 digits or more goes to ``json``), and stops
+    at a nesting depth of 1024 where ``json`` stops at the interpreter's recursion limit (500 or more ``{``/``[``
+    go to ``json``). Everything orjson refuses (NaN, 1e400, lone surrogates, a byte order mark, UTF-16/32
+    text, which ``json`` accepts) is handed to ``json`` too, which then accepts or refuses it as before.
+    """
+    if orjson is not None and not isinstance(body, str):
+        shape = bytes(body).translate(_NUMBERS_AND_OPENERS)
+        if _LONG_NUMBER not in shape and shape.count(b"{") < _MAX_FAST_OPENERS:
+            try:
+                return orjson.loads(body)
+            except orjson.JSONDecodeError:
+                pass
+    return json.loads(body)
+
+
 def parse_review(body: bytes | str) -> AdmissionRequest:
     """Parse the bytes of an HTTP body into an :class:`AdmissionRequest`.
 
@@ -119,7 +148,7 @@ def parse_review(body: bytes | str) -> AdmissionRequest:
     are not validated here; ``webhook.csinode`` does that.
     """
     try:
-        doc = json.loads(body)
+        doc = decode_json(body)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ReviewError(f"body is not JSON: {exc}") from None
     if not isinstance(doc, dict):

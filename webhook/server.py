@@ -9,6 +9,7 @@ with ``allowed: false``. Nothing happens at import; collaborators live in ``app.
 from __future__ import annotations
 
 import logging
+import os
 import time
 import weakref
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from webhook.state import StateKeys
 
 log = logging.getLogger("csinode_guard.server")
 EXTENSION = "csinode_guard"
+BENCHMARK_NOOP_ENV = "CSINODE_GUARD_BENCHMARK_NOOP"
+"""Set to ``1`` to add ``POST /noop`` (benchmarks only): same stack, no judgement. Never set in production."""
 
 
 def _utcnow() -> datetime:
@@ -144,6 +147,21 @@ def _review(mode: Mode) -> tuple[Response, int] | Response:
     return response
 
 
+_NOOP_RESPONSE = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                  "response": {"uid": "", "allowed": True}}
+
+
+def _noop() -> Any:
+    """The benchmark floor: the same checks and body read as /mutate, a fixed answer, no judgement."""
+    runtime: Runtime = current_app.extensions[EXTENSION]
+    if request.mimetype != "application/json":
+        return _error(415, "Content-Type must be application/json")
+    if request.content_length is not None and request.content_length > runtime.max_body_bytes:
+        return _error(413, f"body is over the limit of {runtime.max_body_bytes} bytes")
+    request.get_data(cache=False)
+    return jsonify(_NOOP_RESPONSE)
+
+
 def _audit(
     runtime: Runtime,
     decision: AdmissionDecision,
@@ -180,6 +198,10 @@ def create_app(runtime: Runtime) -> Flask:
     @app.post("/validate")
     def validate() -> Any:
         return _review(Mode.VALIDATE)
+
+    if os.environ.get(BENCHMARK_NOOP_ENV) == "1":
+        app.add_url_rule("/noop", "noop", _noop, methods=["POST"])
+        log.warning("%s=1: serving the benchmark endpoint POST /noop", BENCHMARK_NOOP_ENV)
 
     @app.get("/healthz")
     def healthz() -> Any:

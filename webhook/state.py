@@ -3,7 +3,7 @@
 Rules need history: when an entry last changed, to what, by which writer version, its last correction, whether
 it is frozen, and the approvals (justifications) recorded for the object. The /mutate endpoint writes this
 annotation on every change it admits; it is keyed by the CSINode's ``metadata.uid`` (a recreated CSINode starts
-fresh) and signed with HMAC-SHA256 (``cryptography``) so that an edited, forged, truncated or copied state is
+fresh) and signed with HMAC-SHA256 (``hmac``) so that an edited, forged, truncated or copied state is
 detected and ignored. Keys rotate: the first key signs, every key verifies.
 
 Wire format (JSON, compact, keys sorted)::
@@ -22,14 +22,12 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import hmac
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, hmac
 
 STATE_ANNOTATION = "csinode-guard.io/state"
 FORMAT_VERSION = 1
@@ -112,14 +110,14 @@ class GuardState:
         """A copy with ``driver``'s entry replaced."""
         entries = dict(self.entries)
         entries[driver] = entry
-        return replace(self, entries=entries)
+        return GuardState(uid=self.uid, entries=entries, approvals=self.approvals)
 
     def pruned(self, now: datetime, drivers: Sequence[str] | None = None) -> GuardState:
         """A copy without expired approvals and, when ``drivers`` is given, without entries of other drivers."""
         entries = self.entries
         if drivers is not None:
             entries = {k: v for k, v in self.entries.items() if k in drivers}
-        return replace(self, entries=entries, approvals=tuple(a for a in self.approvals if a.expires > now))
+        return GuardState(uid=self.uid, entries=entries, approvals=tuple(a for a in self.approvals if a.expires > now))
 
 
 class StateKeys:
@@ -142,29 +140,27 @@ class StateKeys:
 
     def sign(self, payload: bytes) -> str:
         """Base64url HMAC-SHA256 of ``payload`` with the signing (first) key."""
-        mac = hmac.HMAC(self._keys[0], hashes.SHA256())
-        mac.update(payload)
-        return base64.urlsafe_b64encode(mac.finalize()).decode("ascii")
+        return base64.urlsafe_b64encode(hmac.digest(self._keys[0], payload, "sha256")).decode("ascii")
 
     def verify(self, payload: bytes, signature: str) -> bool:
-        """True when ``signature`` is a valid HMAC of ``payload`` under any key (constant-time compare)."""
+        """True when ``signature`` is a valid HMAC of ``payload`` under any key (constant-time compare).
+
+        Only the exact base64url encoding :meth:`sign` produces counts (no stray characters, no unused bits).
+        """
         try:
             raw = base64.urlsafe_b64decode(signature.encode("ascii"))
         except (binascii.Error, UnicodeEncodeError, ValueError):
             return False
-        for key in self._keys:
-            mac = hmac.HMAC(key, hashes.SHA256())
-            mac.update(payload)
-            try:
-                mac.verify(raw)
-            except InvalidSignature:
-                continue
-            return True
-        return False
+        if base64.urlsafe_b64encode(raw).decode("ascii") != signature:
+            return False  # the decoder skips stray characters and unused bits: only the exact encoding counts
+        return any(hmac.compare_digest(hmac.digest(key, payload, "sha256"), raw) for key in self._keys)
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
 def _canonical(doc: Mapping[str, Any]) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    return _CANONICAL.encode(doc).encode("ascii")
 
 
 def _opt_time(value: datetime | None) -> str | None:
@@ -266,7 +262,8 @@ def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
     """Verify and decode an annotation value for the object ``uid``. Never raises.
 
     Returns a :class:`DecodedState` whose ``state`` is None when the value is missing, not the expected JSON,
-    not signed by any key, of an unknown format version or recorded for another object (UID).
+    not signed by any key, not byte for byte the form :func:`encode_state` writes, of an unknown format version
+    or recorded for another object (UID).
     """
     if value is None or value == "":
         return DecodedState(None, StateProblem.MISSING)
@@ -279,6 +276,9 @@ def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
     signature = doc.pop("sig")
     if not keys.verify(_canonical(doc), signature):
         return DecodedState(None, StateProblem.BAD_SIGNATURE, "signature does not verify")
+    if _canonical({**doc, "sig": signature}).decode("ascii") != value:
+        # The guard writes exactly this form; any other spelling of the same document was edited by someone else.
+        return DecodedState(None, StateProblem.MALFORMED, "not in the canonical form csinode-guard writes")
     if doc.get("v") != FORMAT_VERSION:
         return DecodedState(None, StateProblem.UNSUPPORTED_VERSION, f"format version {doc.get('v')!r}")
     if doc.get("uid") != uid or not uid:

@@ -604,6 +604,12 @@ class FakeApiServer:
             self._hung.discard(key)
             self._cond.notify_all()
 
+    def release_all(self) -> None:
+        """Let every hanging request go on."""
+        with self._cond:
+            self._hung.clear()
+            self._cond.notify_all()
+
     def fail_next(
         self,
         resource: str | Resource,
@@ -797,6 +803,12 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out in separate writes: without TCP_NODELAY, Nagle's algorithm and the client's
+        # delayed ACK stall every response ~40 ms.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def finish(self) -> None:
         with contextlib.suppress(OSError):

@@ -48,7 +48,9 @@ def _alerts() -> dict[str, dict[str, Any]]:
 def _write_rules(directory: Path, *, annotations: bool) -> Path:
     groups = _groups()
     if not annotations:  # unit tests compare labels; annotation templates are checked by `promtool check rules`
-        groups = [{**g, "rules": [{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]]} for g in groups]
+        groups = [
+            {**g, "rules": [{k: v for k, v in r.items() if k != "annotations"} for r in g["rules"]]} for g in groups
+        ]
     path = directory / "rules.yaml"
     path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False), "utf-8")
     return path
@@ -60,97 +62,241 @@ def _series(name: str, labels: str, values: str) -> dict[str, str]:
 
 # (alert, eval_time, input series, expected alerts' labels [without alertname]); empty list = must stay quiet.
 CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
-    ("CSINodeGuardDown", "10m", [_series("up", 'job="csinode-guard", instance="a"', "0x20")],
-     [{"severity": "critical"}]),
+    (
+        "CSINodeGuardDown",
+        "10m",
+        [_series("up", 'job="csinode-guard", instance="a"', "0x20")],
+        [{"severity": "critical"}],
+    ),
     ("CSINodeGuardDown", "10m", [_series("up", 'job="csinode-guard", instance="a"', "1x20")], []),
-    ("CSINodeGuardSingleReplica", "20m",
-     [_series("up", 'job="csinode-guard", instance="a"', "1x30"), _series("up", 'job="csinode-guard", instance="b"', "0x30")],
-     [{"severity": "warning"}]),
-    ("CSINodeGuardDenialRateHigh", "1470m",
-     [_series("csinode_guard_requests_total", f'{POD}, endpoint="/validate", decision="deny", dry_run="false"',
-              f"0+1x{DAY} {DAY}+60x30")],
-     [{"severity": "warning", "namespace": "csinode-guard"}]),
-    ("CSINodeGuardDenialRateHigh", "1470m",
-     [_series("csinode_guard_requests_total", f'{POD}, endpoint="/validate", decision="deny", dry_run="false"',
-              f"0+60x{DAY + 30}")],
-     []),
-    ("CSINodeGuardDenialRateHigh", "1470m",
-     [_series("csinode_guard_requests_total", f'{POD}, endpoint="/validate", decision="deny", dry_run="true"',
-              f"0+1x{DAY} {DAY}+60x30")],
-     []),
-    ("CSINodeGuardClampRateHigh", "1470m",
-     [_series("csinode_guard_requests_total", f'{POD}, endpoint="/mutate", decision="clamp", dry_run="false"',
-              f"0+0x{DAY} 0+60x30")],
-     [{"severity": "warning", "namespace": "csinode-guard"}]),
-    ("CSINodeGuardPersistentDisagreement", "40m",
-     [_series("csinode_guard_persistent_disagreement_total", f'{POD}, driver="ebs.csi.aws.com", rule="count-ceiling"',
-              "0+1x40")],
-     [{"severity": "warning", "namespace": "csinode-guard", "driver": "ebs.csi.aws.com", "rule": "count-ceiling"}]),
-    ("CSINodeGuardEntriesFrozen", "10m",
-     [_series("csinode_guard_frozen_entries_total", f'{POD}, driver="ebs.csi.aws.com"', "0 0 0 1 1 1 1 1 1 1 1")],
-     [{"severity": "warning", "namespace": "csinode-guard", "driver": "ebs.csi.aws.com"}]),
-    ("CSINodeGuardStateVerificationFailures", "10m",
-     [_series("csinode_guard_state_verification_failures_total", f'{POD}, reason="bad-signature"', "0 0 1 1 1 1 1 1 1 1 1")],
-     [{"severity": "warning", "namespace": "csinode-guard", "reason": "bad-signature"}]),
-    ("CSINodeGuardStateVerificationFailures", "10m",
-     [_series("csinode_guard_state_verification_failures_total", f'{POD}, reason="missing"', "0+5x10")],
-     []),
-    ("CSINodeGuardCertificateExpiringSoon", "2h",
-     [_series("csinode_guard_serving_certificate_expiry_timestamp_seconds", POD, f"{10 * 86400}x180")],
-     [{"severity": "warning", "namespace": "csinode-guard", "pod": "csinode-guard-7d9f-abcde"}]),
-    ("CSINodeGuardCertificateExpiringSoon", "2h",
-     [_series("csinode_guard_serving_certificate_expiry_timestamp_seconds", POD, f"{30 * 86400}x180")],
-     []),
-    ("CSINodeGuardCertificateExpiring", "2h",
-     [_series("csinode_guard_serving_certificate_expiry_timestamp_seconds", POD, f"{86400}x180")],
-     [{"severity": "critical", "namespace": "csinode-guard", "pod": "csinode-guard-7d9f-abcde"}]),
-    ("CSINodeGuardCertificateExpiring", "2h",
-     [_series("csinode_guard_serving_certificate_expiry_timestamp_seconds", POD, f"{10 * 86400}x180")],
-     []),
-    ("CSINodeGuardCacheNotSynced", "15m",
-     [_series("csinode_guard_cache_synced", f'{POD}, kind="volumeattachments"', "0x20")],
-     [{"severity": "warning", "namespace": "csinode-guard", "pod": "csinode-guard-7d9f-abcde",
-       "kind": "volumeattachments"}]),
-    ("CSINodeGuardCacheStale", "10m",
-     [_series("csinode_guard_cache_staleness_seconds", f'{POD}, kind="nodes"', "0+60x15")],
-     [{"severity": "warning", "namespace": "csinode-guard", "pod": "csinode-guard-7d9f-abcde", "kind": "nodes"}]),
-    ("CSINodeGuardCacheStale", "10m",
-     [_series("csinode_guard_cache_staleness_seconds", f'{POD}, kind="nodes"', "0x15")],
-     []),
-    ("CSINodeGuardHighLatency", "20m",
-     [_series("csinode_guard_request_duration_seconds_bucket", f'{POD}, endpoint="/mutate", le="{le}"', values)
-      for le, values in (("0.5", "0x25"), ("1", "0x25"), ("2.5", "0+10x25"), ("+Inf", "0+10x25"))],
-     [{"severity": "warning", "namespace": "csinode-guard"}]),
-    ("CSINodeGuardLatencyNearTimeout", "20m",
-     [_series("csinode_guard_request_duration_seconds_bucket", f'{POD}, endpoint="/mutate", le="{le}"', values)
-      for le, values in (("0.5", "0x25"), ("1", "0x25"), ("2.5", "0+10x25"), ("+Inf", "0+10x25"))],
-     []),
-    ("CSINodeGuardLatencyNearTimeout", "20m",
-     [_series("csinode_guard_request_duration_seconds_bucket", f'{POD}, endpoint="/mutate", le="{le}"', values)
-      for le, values in (("1", "0x25"), ("5", "0+10x25"), ("+Inf", "0+10x25"))],
-     [{"severity": "critical", "namespace": "csinode-guard"}]),
-    ("CSINodeGuardHighLatency", "20m",
-     [_series("csinode_guard_request_duration_seconds_bucket", f'{POD}, endpoint="/mutate", le="{le}"', values)
-      for le, values in (("0.05", "0+10x25"), ("1", "0+10x25"), ("+Inf", "0+10x25"))],
-     []),
-    ("CSINodeGuardMatchConditionErrors", "10m",
-     [_series("apiserver_admission_match_condition_evaluation_errors_total",
-              'name="mutate.csinode-guard.io", kind="webhook", operation="UPDATE", type="admit"', "0+1x10")],
-     [{"severity": "critical", "name": "mutate.csinode-guard.io"}]),
-    ("CSINodeGuardMatchConditionErrors", "10m",
-     [_series("apiserver_admission_match_condition_evaluation_errors_total",
-              'name="other.example.com", kind="webhook", operation="UPDATE", type="admit"', "0+1x10")],
-     []),
-    ("CSINodeGuardCallsFailing", "20m",
-     [_series("apiserver_admission_webhook_rejection_count",
-              'name="validate.csinode-guard.io", type="validating", operation="UPDATE", '
-              'error_type="calling_webhook_error", rejection_code="0"', "0+1x25")],
-     [{"severity": "critical", "name": "validate.csinode-guard.io", "error_type": "calling_webhook_error"}]),
-    ("CSINodeGuardCallsFailing", "20m",
-     [_series("apiserver_admission_webhook_rejection_count",
-              'name="validate.csinode-guard.io", type="validating", operation="UPDATE", '
-              'error_type="no_error", rejection_code="403"', "0+1x25")],
-     []),
+    (
+        "CSINodeGuardSingleReplica",
+        "20m",
+        [
+            _series("up", 'job="csinode-guard", instance="a"', "1x30"),
+            _series("up", 'job="csinode-guard", instance="b"', "0x30"),
+        ],
+        [{"severity": "warning"}],
+    ),
+    (
+        "CSINodeGuardDenialRateHigh",
+        "1470m",
+        [
+            _series(
+                "csinode_guard_requests_total",
+                f'{POD}, endpoint="/validate", decision="deny", dry_run="false"',
+                f"0+1x{DAY} {DAY}+60x30",
+            )
+        ],
+        [{"severity": "warning", "namespace": "csinode-guard"}],
+    ),
+    (
+        "CSINodeGuardDenialRateHigh",
+        "1470m",
+        [
+            _series(
+                "csinode_guard_requests_total",
+                f'{POD}, endpoint="/validate", decision="deny", dry_run="false"',
+                f"0+60x{DAY + 30}",
+            )
+        ],
+        [],
+    ),
+    (
+        "CSINodeGuardDenialRateHigh",
+        "1470m",
+        [
+            _series(
+                "csinode_guard_requests_total",
+                f'{POD}, endpoint="/validate", decision="deny", dry_run="true"',
+                f"0+1x{DAY} {DAY}+60x30",
+            )
+        ],
+        [],
+    ),
+    (
+        "CSINodeGuardClampRateHigh",
+        "1470m",
+        [
+            _series(
+                "csinode_guard_requests_total",
+                f'{POD}, endpoint="/mutate", decision="clamp", dry_run="false"',
+                f"0+0x{DAY} 0+60x30",
+            )
+        ],
+        [{"severity": "warning", "namespace": "csinode-guard"}],
+    ),
+    (
+        "CSINodeGuardPersistentDisagreement",
+        "40m",
+        [
+            _series(
+                "csinode_guard_persistent_disagreement_total",
+                f'{POD}, driver="ebs.csi.aws.com", rule="count-ceiling"',
+                "0+1x40",
+            )
+        ],
+        [{"severity": "warning", "namespace": "csinode-guard", "driver": "ebs.csi.aws.com", "rule": "count-ceiling"}],
+    ),
+    (
+        "CSINodeGuardEntriesFrozen",
+        "10m",
+        [_series("csinode_guard_frozen_entries_total", f'{POD}, driver="ebs.csi.aws.com"', "0 0 0 1 1 1 1 1 1 1 1")],
+        [{"severity": "warning", "namespace": "csinode-guard", "driver": "ebs.csi.aws.com"}],
+    ),
+    (
+        "CSINodeGuardStateVerificationFailures",
+        "10m",
+        [
+            _series(
+                "csinode_guard_state_verification_failures_total",
+                f'{POD}, reason="bad-signature"',
+                "0 0 1 1 1 1 1 1 1 1 1",
+            )
+        ],
+        [{"severity": "warning", "namespace": "csinode-guard", "reason": "bad-signature"}],
+    ),
+    (
+        "CSINodeGuardStateVerificationFailures",
+        "10m",
+        [_series("csinode_guard_state_verification_failures_total", f'{POD}, reason="missing"', "0+5x10")],
+        [],
+    ),
+    (
+        "CSINodeGuardCertificateExpiringSoon",
+        "2h",
+        [_series("csinode_guard_serving_certificate_expiry_timestamp_seconds", POD, f"{10 * 86400}x180")],
+        [{"severity": "warning", "namespace": "csinode-guard", "pod": "csinode-guard-7d9f-abcde"}],
+    ),
+    (
+        "CSINodeGuardCertificateExpiringSoon",
+        "2h",
+        [_series("csinode_guard_serving_certificate_expiry_timestamp_seconds", POD, f"{30 * 86400}x180")],
+        [],
+    ),
+    (
+        "CSINodeGuardCertificateExpiring",
+        "2h",
+        [_series("csinode_guard_serving_certificate_expiry_timestamp_seconds", POD, f"{86400}x180")],
+        [{"severity": "critical", "namespace": "csinode-guard", "pod": "csinode-guard-7d9f-abcde"}],
+    ),
+    (
+        "CSINodeGuardCertificateExpiring",
+        "2h",
+        [_series("csinode_guard_serving_certificate_expiry_timestamp_seconds", POD, f"{10 * 86400}x180")],
+        [],
+    ),
+    (
+        "CSINodeGuardCacheNotSynced",
+        "15m",
+        [_series("csinode_guard_cache_synced", f'{POD}, kind="volumeattachments"', "0x20")],
+        [
+            {
+                "severity": "warning",
+                "namespace": "csinode-guard",
+                "pod": "csinode-guard-7d9f-abcde",
+                "kind": "volumeattachments",
+            }
+        ],
+    ),
+    (
+        "CSINodeGuardCacheStale",
+        "10m",
+        [_series("csinode_guard_cache_staleness_seconds", f'{POD}, kind="nodes"', "0+60x15")],
+        [{"severity": "warning", "namespace": "csinode-guard", "pod": "csinode-guard-7d9f-abcde", "kind": "nodes"}],
+    ),
+    (
+        "CSINodeGuardCacheStale",
+        "10m",
+        [_series("csinode_guard_cache_staleness_seconds", f'{POD}, kind="nodes"', "0x15")],
+        [],
+    ),
+    (
+        "CSINodeGuardHighLatency",
+        "20m",
+        [
+            _series("csinode_guard_request_duration_seconds_bucket", f'{POD}, endpoint="/mutate", le="{le}"', values)
+            for le, values in (("0.5", "0x25"), ("1", "0x25"), ("2.5", "0+10x25"), ("+Inf", "0+10x25"))
+        ],
+        [{"severity": "warning", "namespace": "csinode-guard"}],
+    ),
+    (
+        "CSINodeGuardLatencyNearTimeout",
+        "20m",
+        [
+            _series("csinode_guard_request_duration_seconds_bucket", f'{POD}, endpoint="/mutate", le="{le}"', values)
+            for le, values in (("0.5", "0x25"), ("1", "0x25"), ("2.5", "0+10x25"), ("+Inf", "0+10x25"))
+        ],
+        [],
+    ),
+    (
+        "CSINodeGuardLatencyNearTimeout",
+        "20m",
+        [
+            _series("csinode_guard_request_duration_seconds_bucket", f'{POD}, endpoint="/mutate", le="{le}"', values)
+            for le, values in (("1", "0x25"), ("5", "0+10x25"), ("+Inf", "0+10x25"))
+        ],
+        [{"severity": "critical", "namespace": "csinode-guard"}],
+    ),
+    (
+        "CSINodeGuardHighLatency",
+        "20m",
+        [
+            _series("csinode_guard_request_duration_seconds_bucket", f'{POD}, endpoint="/mutate", le="{le}"', values)
+            for le, values in (("0.05", "0+10x25"), ("1", "0+10x25"), ("+Inf", "0+10x25"))
+        ],
+        [],
+    ),
+    (
+        "CSINodeGuardMatchConditionErrors",
+        "10m",
+        [
+            _series(
+                "apiserver_admission_match_condition_evaluation_errors_total",
+                'name="mutate.csinode-guard.io", kind="webhook", operation="UPDATE", type="admit"',
+                "0+1x10",
+            )
+        ],
+        [{"severity": "critical", "name": "mutate.csinode-guard.io"}],
+    ),
+    (
+        "CSINodeGuardMatchConditionErrors",
+        "10m",
+        [
+            _series(
+                "apiserver_admission_match_condition_evaluation_errors_total",
+                'name="other.example.com", kind="webhook", operation="UPDATE", type="admit"',
+                "0+1x10",
+            )
+        ],
+        [],
+    ),
+    (
+        "CSINodeGuardCallsFailing",
+        "20m",
+        [
+            _series(
+                "apiserver_admission_webhook_rejection_count",
+                'name="validate.csinode-guard.io", type="validating", operation="UPDATE", '
+                'error_type="calling_webhook_error", rejection_code="0"',
+                "0+1x25",
+            )
+        ],
+        [{"severity": "critical", "name": "validate.csinode-guard.io", "error_type": "calling_webhook_error"}],
+    ),
+    (
+        "CSINodeGuardCallsFailing",
+        "20m",
+        [
+            _series(
+                "apiserver_admission_webhook_rejection_count",
+                'name="validate.csinode-guard.io", type="validating", operation="UPDATE", '
+                'error_type="no_error", rejection_code="403"',
+                "0+1x25",
+            )
+        ],
+        [],
+    ),
 ]
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import cel
 import celpy
 import pytest
+from celpy.adapter import json_to_cel
 from deploy_helpers import DEPLOY, find, load_yaml_documents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -50,8 +51,8 @@ def _celpy_engine() -> Evaluate:
         if expression not in programs:
             programs[expression] = env.program(env.compile(expression))
         try:
-            result = programs[expression].evaluate({k: celpy.json_to_cel(v) for k, v in activation.items()})
-        except Exception:  # noqa: BLE001 - any failure of the engine is an evaluation error
+            result = programs[expression].evaluate({k: json_to_cel(v) for k, v in activation.items()})
+        except Exception:  # any failure of the engine is an evaluation error
             return None
         return bool(result) if isinstance(result, celpy.celtypes.BoolType) else None
 
@@ -66,7 +67,7 @@ def _cel_rs_engine() -> Evaluate:
             programs[expression] = cel.compile(expression)
         try:
             result = programs[expression].execute(activation)
-        except Exception:  # noqa: BLE001 - any failure of the engine is an evaluation error
+        except Exception:  # any failure of the engine is an evaluation error
             return None
         return result if isinstance(result, bool) else None
 
@@ -178,9 +179,7 @@ CALLED = [
         _with(OLD, drivers=[driver(EBS, allocatable=False), OLD["spec"]["drivers"][1]]),
         id="allocatable removed (NodeGetInfo max_volumes_per_node 0)",
     ),
-    pytest.param(
-        OLD, _with(OLD, drivers=[driver(EBS, 25), driver(EFS, 8)]), id="a count appears where there was none"
-    ),
+    pytest.param(OLD, _with(OLD, drivers=[driver(EBS, 25), driver(EFS, 8)]), id="a count appears where there was none"),
     pytest.param(
         _with(OLD, drivers=[driver(EBS, None), driver(EFS, allocatable=False)]),
         _with(OLD, drivers=[driver(EBS, 0), driver(EFS, allocatable=False)]),
@@ -217,7 +216,9 @@ CALLED = [
 
 SKIPPED = [
     pytest.param(csinode(None), csinode([driver(EBS, 25)]), id="the first registration into an empty CSINode"),
-    pytest.param(OLD, _with(OLD, drivers=[*OLD["spec"]["drivers"], driver("pd.csi.storage.gke.io")]), id="a registration"),
+    pytest.param(
+        OLD, _with(OLD, drivers=[*OLD["spec"]["drivers"], driver("pd.csi.storage.gke.io")]), id="a registration"
+    ),
     pytest.param(OLD, _with(OLD, drivers=[OLD["spec"]["drivers"][1]]), id="a removal"),
     pytest.param(csinode([driver(EBS, 25)]), csinode(None), id="the removal of the last driver"),
     pytest.param(
@@ -260,8 +261,8 @@ def conditions(request: pytest.FixtureRequest) -> list[dict[str, str]]:
 
 def test_both_webhooks_share_the_python_built_conditions() -> None:
     expected = [dict(c) for c in registration.MATCH_CONDITIONS]
-    assert MUTATING == expected
-    assert VALIDATING == expected
+    assert expected == MUTATING
+    assert expected == VALIDATING
 
 
 @pytest.mark.parametrize(("old", "new"), CALLED)
@@ -322,9 +323,9 @@ def should_call(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 _names = st.sampled_from([EBS, EFS, "pd.csi.storage.gke.io", "disk.csi.azure.com"])
 _driver = st.builds(
-    lambda name, count, mode: driver(name, count, allocatable=mode != "absent")
-    if mode != "empty"
-    else driver(name, None),
+    lambda name, count, mode: (
+        driver(name, count, allocatable=mode != "absent") if mode != "empty" else driver(name, None)
+    ),
     _names,
     st.integers(min_value=0, max_value=130) | st.just(2147483647),
     st.sampled_from(["count", "count", "empty", "absent"]),

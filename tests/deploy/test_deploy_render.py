@@ -260,9 +260,7 @@ def test_no_key_material_is_committed_under_deploy() -> None:
     assert "*" in ignore
 
 
-def test_the_default_overlay_wires_the_generated_certificates(
-    rendered: dict[str, Objects], deploy_copy: Path
-) -> None:
+def test_the_default_overlay_wires_the_generated_certificates(rendered: dict[str, Objects], deploy_copy: Path) -> None:
     objects = rendered["overlays/default"]
     certs = deploy_copy / "overlays" / "default" / "certs"
     secrets = [o for o in objects if o["kind"] == "Secret"]
@@ -283,9 +281,9 @@ def test_the_cert_manager_overlay_injects_the_ca_of_the_mounted_certificate(rend
     assert not [o for o in objects if o["kind"] == "Secret"], "cert-manager writes the Secret"
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         configuration = find(objects, kind, NAME)
-        namespace, certificate_name = configuration["metadata"]["annotations"][
-            "cert-manager.io/inject-ca-from"
-        ].split("/")
+        namespace, certificate_name = configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].split(
+            "/"
+        )
         (webhook,) = configuration["webhooks"]
         assert "caBundle" not in webhook["clientConfig"]
         certificate = find(objects, "Certificate", certificate_name)
@@ -367,3 +365,30 @@ def test_the_default_overlay_refuses_to_render_without_certificates(kubectl: str
     )
     assert result.returncode != 0
     assert "tls.crt" in result.stderr
+
+
+def test_the_documented_policy_override_replaces_the_configmap(kubectl: str, tmp_path: Path) -> None:
+    root = tmp_path / "deploy"
+    shutil.copytree(DEPLOY / "base", root / "base")
+    policy = "apiVersion: csinode-guard.io/v1alpha1\nkind: GuardPolicy\nspec: {}\n"
+    overlay = _write_overlay(
+        root,
+        "mycluster",
+        {
+            "resources": ["../../base"],
+            "configMapGenerator": [
+                {
+                    "name": "csinode-guard-policy",
+                    "namespace": NAMESPACE,
+                    "behavior": "replace",
+                    "files": ["policy.yaml"],
+                }
+            ],
+        },
+        {"policy.yaml": policy},
+    )
+    objects = kustomize(kubectl, overlay)
+    configmap = find(objects, "ConfigMap")
+    assert configmap["data"] == {"policy.yaml": policy}
+    volumes = {v["name"]: v for v in _pod_spec(objects)["volumes"]}
+    assert volumes["policy"]["configMap"]["name"] == configmap["metadata"]["name"]

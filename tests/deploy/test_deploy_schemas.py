@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import kubernetes_validate
+import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 from deploy_helpers import KUBERNETES_VERSIONS, KUSTOMIZATIONS, Objects
 

@@ -114,9 +114,7 @@ def test_the_builders_return_fresh_objects() -> None:
     first = registration.build_mutating_webhook_configuration()
     first["webhooks"][0]["rules"][0]["operations"].append("CREATE")
     first["webhooks"][0]["matchConditions"].clear()
-    assert registration.build_mutating_webhook_configuration()["webhooks"][0]["rules"][0]["operations"] == [
-        "UPDATE"
-    ]
+    assert registration.build_mutating_webhook_configuration()["webhooks"][0]["rules"][0]["operations"] == ["UPDATE"]
     assert registration.build_mutating_webhook_configuration()["webhooks"][0]["matchConditions"]
 
 

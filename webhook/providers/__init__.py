@@ -6,8 +6,8 @@ per collection (see :mod:`webhook.providers.reflector`), and answers the rules' 
 
 Use::
 
-    view, caches = build_cluster_view(kubeconfig, pod_sources, max_staleness=120, cache_sync_timeout=60)
-    ...                                  # /readyz: caches.ready(); on policy reload: caches.set_pod_sources(...)
+    view, caches = build_cluster_view(kubeconfig, pod_sources, max_staleness=120, cache_sync_timeout=30)
+    ...                                  # /readyz: caches.readiness(); policy reload: caches.set_pod_sources(...)
     caches.stop()                        # at shutdown
 
 RBAC -- exactly what the guard's ServiceAccount needs, and nothing more (every request is a GET: list or watch)::
@@ -27,8 +27,8 @@ RBAC -- exactly what the guard's ServiceAccount needs, and nothing more (every r
       verbs: ["get", "list", "watch"]
 
 Pods are listed per namespace with the version source's label selector on the request, so a namespaced Role
-suffices and the apiserver sends only the driver's pods. ``get`` is not used today; it is listed because
-kubectl-style tooling and future single-object reads expect it with list/watch.
+suffices and the apiserver sends only the driver's pods. The caches send only list and watch requests; ``get``
+completes the read-only set. ``deploy/base/rbac.yaml`` carries these rules.
 
 Without ``--kubeconfig``, ``KUBECONFIG`` or an in-cluster service account the guard runs offline: one log line at
 start, :class:`~webhook.cluster.UnknownClusterView`, and the rules follow the design's asymmetry for unknown facts.

@@ -39,6 +39,10 @@ class ClusterCaches(Protocol):
         """True when ready by timeout while some cache has not synced."""
         ...
 
+    def readiness(self) -> tuple[bool, str]:
+        """``(ready(), reason)`` for ``/readyz``."""
+        ...
+
     def set_pod_sources(self, sources: Sequence[PodVersionSource]) -> None:
         """Replace the policy's ``pod`` version sources (policy hot reload)."""
         ...
@@ -73,6 +77,10 @@ class OfflineCaches:
         """False: offline is a configuration, not a degradation."""
         return False
 
+    def readiness(self) -> tuple[bool, str]:
+        """Always ready: ``(True, "offline")``."""
+        return True, "offline"
+
     def set_pod_sources(self, sources: Sequence[PodVersionSource]) -> None:
         """Ignored."""
 
@@ -97,6 +105,7 @@ def load_api_client(kubeconfig: str | None = None) -> Any | None:
     from kubernetes.client.api_client import ApiClient  # noqa: PLC0415 - heavy; only when a cluster is used
     from kubernetes.client.configuration import Configuration  # noqa: PLC0415
     from kubernetes.config import incluster_config, kube_config  # noqa: PLC0415
+    from urllib3.util import Retry  # noqa: PLC0415
 
     load_kube_config: Callable[..., None] = kube_config.load_kube_config
     load_incluster_config: Callable[..., None] = incluster_config.load_incluster_config
@@ -110,6 +119,9 @@ def load_api_client(kubeconfig: str | None = None) -> Any | None:
         return None
     # One connection per open watch (3 + one per pod watch) plus lists: keep them all pooled.
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, 16)
+    # One quick retry for a pooled keep-alive connection the server closed; everything else is the reflectors'
+    # own backoff with jitter (urllib3's default would retry 3 times at once).
+    configuration.retries = Retry(total=1, redirect=0, status=0, backoff_factor=0)
     api_client = ApiClient(configuration)
     api_client.user_agent = f"csinode-guard/{__version__}"
     return api_client

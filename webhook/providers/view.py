@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, TypeVar
@@ -111,13 +111,20 @@ class KubernetesClusterView:
         self._started_at: float | None = None
         self._stopped = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._state_lock = threading.Lock()  # readiness transitions (request threads and the monitor)
         self._ready = False
         self._degraded = False
         self._published_errors: set[tuple[str, str]] = set()
         self.set_pod_sources(pod_sources)
 
     def _reflector(
-        self, kind: str, path: str, parse: Any, store: Store[R], selector: str | None = None, name: str | None = None
+        self,
+        kind: str,
+        path: str,
+        parse: Callable[[Mapping[str, Any]], R | None],
+        store: Store[R],
+        selector: str | None = None,
+        name: str | None = None,
     ) -> Reflector[R]:
         client = CollectionClient(self._api, path, label_selector=selector)
         return Reflector(kind, client, parse, store, self._settings, name=name)
@@ -135,7 +142,11 @@ class KubernetesClusterView:
         self._monitor.start()
 
     def stop(self, timeout: float = 5.0) -> None:
-        """End all threads: interrupt open watches, then wait up to ``timeout`` seconds in total."""
+        """End all threads: interrupt open watches, then wait up to ``timeout`` seconds in total.
+
+        A request the server has not answered yet cannot be interrupted; it ends within ``connect_timeout`` /
+        ``request_timeout`` / ``watch_read_timeout`` and its thread is a daemon, so it never blocks exit.
+        """
         self._stopped.set()
         reflectors = self._reflectors()
         for reflector in reflectors:
@@ -200,12 +211,17 @@ class KubernetesClusterView:
             return True
         if self._started_at is None:
             return False
-        if self.synced():
+        synced = self.synced()
+        timed_out = time.monotonic() - self._started_at >= self._settings.cache_sync_timeout
+        if not (synced or timed_out):
+            return False
+        with self._state_lock:
+            if self._ready:
+                return True
             self._ready = True
-            log.info("cluster caches synced; ready")
-            return True
-        if time.monotonic() - self._started_at >= self._settings.cache_sync_timeout:
-            self._ready = True
+            if synced:
+                log.info("cluster caches synced; ready")
+                return True
             self._degraded = True
             metrics.CACHE_DEGRADED.set(1)
             unsynced = sorted({r.name for r in self._reflectors() if not r.synced})
@@ -215,7 +231,15 @@ class KubernetesClusterView:
                 ", ".join(unsynced),
             )
             return True
-        return False
+
+    def readiness(self) -> tuple[bool, str]:
+        """:meth:`ready` with a reason for ``/readyz``: ``synced``, ``degraded: <kinds> not synced``, or
+        ``waiting for caches: <kinds>``."""
+        ready = self.ready()
+        unsynced = ", ".join(sorted({r.name for r in self._reflectors() if not r.synced}))
+        if not unsynced:
+            return ready, "synced"
+        return ready, (f"degraded: {unsynced} not synced" if ready else f"waiting for caches: {unsynced}")
 
     def degraded(self) -> bool:
         """True while the view is ready by timeout but some cache has still not synced."""
@@ -329,8 +353,9 @@ class KubernetesClusterView:
         """Set the cache gauges from the current state (the monitor thread calls this every second)."""
         self.ready()  # notices the end of the sync timeout even when nobody polls /readyz
         if self._degraded and self.synced():
-            self._degraded = False
-            metrics.CACHE_DEGRADED.set(0)
+            with self._state_lock:
+                self._degraded = False
+                metrics.CACHE_DEGRADED.set(0)
             log.info("all cluster caches synced; leaving degraded mode")
         for kind, state in self.status().items():
             metrics.CACHE_SYNCED.labels(kind).set(1 if state["synced"] else 0)

@@ -1,0 +1,75 @@
+"""docs/operations.md: the runbook every alert points to, its internal links, and the facts it must carry."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from deploy_helpers import DEPLOY, REPO, find, load_yaml_documents
+
+RUNBOOK = REPO / "docs" / "operations.md"
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's heading anchor: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def _anchors() -> set[str]:
+    text = RUNBOOK.read_text("utf-8")
+    in_code = False
+    anchors = set()
+    for line in text.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("#"):
+            anchors.add(_anchor(line.lstrip("#")))
+    return anchors
+
+
+def _alert_runbooks() -> dict[str, str]:
+    rule = find(load_yaml_documents(DEPLOY / "overlays" / "monitoring" / "prometheusrule.yaml"), "PrometheusRule")
+    return {r["alert"]: r["annotations"]["runbook"] for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+@pytest.mark.parametrize(("alert", "runbook"), sorted(_alert_runbooks().items()))
+def test_every_alert_runbook_link_resolves(alert: str, runbook: str) -> None:
+    path, _, anchor = runbook.partition("#")
+    assert REPO / path == RUNBOOK
+    assert anchor in _anchors(), f"{alert}: no heading for #{anchor}"
+
+
+def test_internal_links_resolve() -> None:
+    links = set(re.findall(r"\]\(#([^)]+)\)", RUNBOOK.read_text("utf-8")))
+    assert links
+    assert links <= _anchors(), links - _anchors()
+
+
+def test_paths_named_in_the_runbook_exist() -> None:
+    paths = set(re.findall(r"`((?:deploy|policies|webhook)/[\w./-]+)`", RUNBOOK.read_text("utf-8")))
+    assert paths
+    for path in paths:
+        assert (REPO / path).exists(), path
+
+
+@pytest.mark.parametrize(
+    "fact",
+    [
+        "MutableCSINodeAllocatableCount",
+        "| 1.33 | alpha, off by default |",
+        "| 1.34 | beta, off by default |",
+        "| 1.35 | beta, on by default |",
+        "| 1.36 | GA |",
+        "kube-apiserver",
+        "kubelet",
+        "kube-scheduler",
+        "CSI driver",
+        "csinode-guard unregister",
+        "csinode-guard restore ip-10-0-1-23.ec2.internal --driver ebs.csi.aws.com",
+        "enforcementScope",
+        "enforcementAction: dryrun",
+    ],
+)
+def test_the_runbook_states(fact: str) -> None:
+    assert fact in RUNBOOK.read_text("utf-8")

@@ -1,0 +1,189 @@
+"""``csinode-guard replay``: what the guard would have done with the CSINode writes in an apiserver audit log."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import IO, Any
+
+import click
+import yaml
+
+from webhook.facts import FactsError, view_from_facts
+from webhook.policy import PolicyError, load_policy
+from webhook.replay import Problem, Progress, Row, Summary, describe_input, replay
+
+_COLUMNS = (("TIME", 24), ("NODE", 34), ("DRIVER", 24), ("OLD -> NEW", 22), ("FINAL", 9), ("DECISION", 9))
+
+
+class _Bar(Progress):
+    """A tqdm progress bar on standard error (bytes of input read)."""
+
+    def __init__(self, total: int) -> None:
+        tqdm = importlib.import_module("tqdm").tqdm
+        self._bar: Any = tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
+                              desc="replay", leave=False, dynamic_ncols=True)
+
+    def advance(self, n: int) -> None:
+        """Move the bar by ``n`` bytes."""
+        if n > 0:
+            self._bar.update(n)
+
+    def close(self) -> None:
+        """Remove the bar."""
+        self._bar.close()
+
+    def write(self, text: str) -> None:
+        """Print a line above the bar."""
+        self._bar.write(text, file=sys.stdout)
+
+
+def _cell(value: Any, width: int) -> str:
+    text = "-" if value is None else str(value)
+    return text.ljust(width)
+
+
+def _table_row(row: Row) -> str:
+    change = "-" if row.driver is None else f"{row.old} -> {row.new}"
+    rules = ",".join(row.rules) or "-"
+    cells = [row.time, row.node, row.driver or "(annotations)", change, row.final, row.decision]
+    text = " ".join(_cell(v, w) for v, (_, w) in zip(cells, _COLUMNS, strict=True))
+    dry = " (dry run)" if row.dry_run else ""
+    return f"{text} {rules}  {row.user}{dry}"
+
+
+def _table_summary(s: Summary) -> list[str]:
+    lines = ["", "Summary"]
+    lines.append(f"  input:        {s.lines} lines in {len(s.files)} file(s); {s.events} audit events "
+                 f"from {s.first_event or '-'} to {s.last_event or '-'}")
+    lines.append(f"  csinodes:     {s.csinode_writes} writes; {s.judged} would reach the guard, {s.not_called} would "
+                 "not (create, delete, registration, no count change)")
+    lines.append(f"  not judgeable: {s.metadata_level} at Metadata level (no objects), {s.no_previous_version} "
+                 f"without an earlier version, {s.failed_in_cluster} failed in the cluster, {s.unreadable} "
+                 "unreadable")
+    lines.append(f"  skipped:      {s.other_resources} other resources, {s.other_stages} other stages, "
+                 f"{s.reads} reads, {s.not_audit_events} not audit events")
+    lines.append(f"  order:        {s.reordered} events reordered, {s.late} later than the reorder window")
+    lines.append(f"  bad lines:    {s.bad_lines}")
+    decisions = ", ".join(f"{k} {v}" for k, v in sorted(s.by_decision.items())) or "-"
+    lines.append(f"  decisions:    {decisions} (per judged write)")
+    lines.append(f"  changes:      {s.changes}")
+    if s.by_rule:
+        lines.append("  rules (violations by effective enforcement):")
+        for rule, counts in sorted(s.by_rule.items()):
+            parts = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+            lines.append(f"    {rule:16} {sum(counts.values()):6}  ({parts})")
+    for title, table in (("top nodes", s.nodes), ("top drivers", s.drivers)):
+        top = s.top(table)
+        if top:
+            lines.append(f"  {title}:")
+            for t in top:
+                parts = ", ".join(f"{k} {v}" for k, v in t.items() if k not in ("name", "changes"))
+                lines.append(f"    {t['name']:40} {t['changes']:6} changes  ({parts})")
+    stats = s.minute_stats()
+    lines.append(f"  changes per minute: peak {stats['peak']}, mean {stats['meanOverActiveMinutes']} over "
+                 f"{stats['activeMinutes']} active minutes")
+    for b in stats["busiest"]:
+        lines.append(f"    {b['minute']}  {b['changes']}")
+    if s.problems:
+        lines.append(f"  first problems ({len(s.problems)} of {s.bad_lines}):")
+        lines += [f"    {p}" for p in s.problems[:20]]
+    return lines
+
+
+@click.command("replay")
+@click.option("--audit-log", "audit_logs", multiple=True, required=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="apiserver audit log (JSON lines of audit.k8s.io/v1 Event; .gz too). Repeat for rotated files.")
+@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Policy YAML (default: the bundled policy).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--cluster-facts", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="YAML with facts the log lacks: node labels, driver periods, attach errors (webhook/facts.py).")
+@click.option("--reorder-window", default="5m", show_default=True,
+              help="Events are put in requestReceivedTimestamp order within this window (e.g. 30s, 5m).")
+@click.option("--guard-audit-out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the guard audit records the server would have written (for `audit` commands).")
+@click.option("--progress/--no-progress", default=None,
+              help="Progress bar on standard error (default: when it is a terminal).")
+def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: str, cluster_facts: Path | None,
+                   reorder_window: str, guard_audit_out: Path | None, progress: bool | None) -> None:
+    """Replay the CSINode writes of an apiserver audit log through a policy, and report what it would have done.
+
+    One row per count change (time, node, driver, old -> new, final, decision, rules, writer), then a summary
+    by decision and rule, top nodes and drivers, and changes per minute. Each write is judged with its own
+    requestReceivedTimestamp as the clock and its user as the writer, against the previous version rebuilt from
+    earlier events. Try a policy against your own cluster's history before enforcing it.
+
+    Lines that are not JSON are reported with their line number on standard error and skipped.
+    """
+    from webhook.durations import parse_duration  # noqa: PLC0415
+
+    try:
+        window = parse_duration(reorder_window)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--reorder-window") from None
+    try:
+        loaded = load_policy(policy_path)
+    except PolicyError as exc:
+        raise click.ClickException(f"policy refused: {exc}") from None
+    facts = None
+    if cluster_facts is not None:
+        try:
+            facts = view_from_facts(yaml.safe_load(cluster_facts.read_text("utf-8")))
+        except (FactsError, yaml.YAMLError, OSError) as exc:
+            raise click.ClickException(f"{cluster_facts}: {exc}") from None
+    show_bar = sys.stderr.isatty() if progress is None else progress
+    bar = _Bar(describe_input(audit_logs)) if show_bar else None
+    out = sys.stdout
+
+    def emit(text: str) -> None:
+        if bar is not None:
+            bar.write(text)
+        else:
+            out.write(text + "\n")
+
+    def report(problem: Problem) -> None:
+        message = f"replay: {problem}"
+        if bar is not None:
+            bar._bar.write(message, file=sys.stderr)
+        else:
+            click.echo(message, err=True)
+
+    first = True
+
+    def on_row(row: Row) -> None:
+        nonlocal first
+        if fmt == "json":
+            emit(("" if first else ",") + json.dumps(row.to_json(), separators=(",", ":")))
+        else:
+            emit(_table_row(row))
+        first = False
+
+    if fmt == "json":
+        emit('{"events":[')
+    else:
+        header = " ".join(name.ljust(w) for name, w in _COLUMNS)
+        emit(f"{header} RULES  WRITER")
+    sink_file: IO[str] | None = guard_audit_out.open("w", encoding="utf-8") if guard_audit_out else None
+
+    def sink(records: list[dict[str, Any]]) -> None:
+        assert sink_file is not None
+        for r in records:
+            sink_file.write(json.dumps(r, separators=(",", ":"), default=str) + "\n")
+
+    try:
+        summary = replay(list(audit_logs), loaded, on_row, on_problem=report, progress=bar, cluster=facts,
+                         audit_sink=sink if sink_file else None, reorder_window=window)
+    finally:
+        if sink_file is not None:
+            sink_file.close()
+    if fmt == "json":
+        body = summary.to_json()
+        body["policy"] = {"source": loaded.source, "hash": loaded.hash}
+        emit("],\"summary\":" + json.dumps(body, indent=None, separators=(",", ":")) + "}")
+    else:
+        for line in _table_summary(summary):
+            emit(line)
