@@ -88,7 +88,9 @@ class RunningServer:
         return self.process.returncode
 
 
-def start_server(tmp: Path, *extra: str, env: dict[str, str] | None = None, workers: int = 2) -> RunningServer:
+def start_server(
+    tmp: Path, *extra: str, env: dict[str, str] | None = None, workers: int = 2, offline: bool = True
+) -> RunningServer:
     """Start ``python -m webhook serve`` on free ports with certs in ``tmp/certs``; wait until /healthz answers."""
     port, metrics_port = free_port(), free_port()
     cert_dir = tmp / "certs"
@@ -98,7 +100,7 @@ def start_server(tmp: Path, *extra: str, env: dict[str, str] | None = None, work
         sys.executable, "-m", "webhook", "serve",
         "--host", "127.0.0.1", "--port", str(port), "--metrics-port", str(metrics_port),
         "--cert-dir", str(cert_dir), "--dns-name", SERVICE_DNS, "--audit-log", str(audit),
-        "--workers", str(workers), "--offline", *extra,
+        "--workers", str(workers), *(["--offline"] if offline else []), *extra,
     ]
     full_env = dict(os.environ)
     full_env.pop("PROMETHEUS_MULTIPROC_DIR", None)

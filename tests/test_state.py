@@ -281,7 +281,8 @@ def test_an_inserted_or_deleted_character_is_detected_every_time(state: GuardSta
     value = encode_state(state, KEYS)
     if data.draw(st.booleans(), label="insert"):
         index = data.draw(st.integers(0, len(value)), label="index")
-        edited = value[:index] + data.draw(st.characters(), label="inserted") + value[index:]
+        inserted = data.draw(st.one_of(st.sampled_from(" \t\n\r"), st.characters()), label="inserted")
+        edited = value[:index] + inserted + value[index:]
     else:
         index = data.draw(st.integers(0, len(value) - 1), label="index")
         edited = value[:index] + value[index + 1 :]

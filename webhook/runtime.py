@@ -86,7 +86,7 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
     store = PolicyStore(settings.policy, interval=settings.policy_reload_interval, on_reload=on_reload)
     _publish_policy(store.current(), previous)
     store.start()
-    cluster, readiness, on_policy = build_cluster(settings, store.current().policy)
+    cluster, readiness, on_policy, observe_count = build_cluster(settings, store.current().policy)
     if on_policy is not None:
         def on_reload_cluster(result: str, snapshot: PolicySnapshot) -> None:
             on_reload(result, snapshot)
@@ -115,6 +115,7 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
         readiness=readiness,
         certificate_problems=certificate_problems,
         cert_file=cert_file,
+        observe_count=observe_count,
     )
     return create_app(runtime)
 
@@ -131,11 +132,26 @@ def _publish_policy(snapshot: Any, previous: dict[str, str]) -> None:
     previous["name"] = snapshot.policy.name
 
 
-def build_cluster(settings: Settings, policy: Any) -> tuple[Any, Any, Any]:
-    """The cluster view for this worker: (view, readiness() -> (ready, reason), on_policy(policy) or None)."""
+def build_cluster(settings: Settings, policy: Any) -> tuple[Any, Any, Any, Any]:
+    """This worker's cluster view (watch caches filled by the kubernetes client, never called per request).
+
+    Returns (view, readiness() -> (ready, reason), on_policy(policy) for hot reload or None,
+    observe_count(driver, count, node) or None). Offline (``--offline``, or neither a kubeconfig nor an
+    in-cluster service account): a view that knows nothing; the rules then follow the design's asymmetry.
+    """
     from webhook.cluster import UnknownClusterView  # noqa: PLC0415
 
     if settings.offline:
         log.info("offline: no cluster lookups; increases are judged on what the request carries")
-        return UnknownClusterView(), (lambda: (True, "offline")), None
-    return UnknownClusterView(), (lambda: (True, "offline")), None
+        return UnknownClusterView(), (lambda: (True, "offline")), None, None
+    from webhook.providers import build_cluster_view  # noqa: PLC0415
+
+    view, caches = build_cluster_view(
+        settings.kubeconfig, policy.pod_version_sources(), settings.max_staleness, settings.cache_sync_timeout
+    )
+
+    def on_policy(new_policy: Any) -> None:
+        caches.set_pod_sources(new_policy.pod_version_sources())
+
+    observe = getattr(caches, "observe_headroom", None)
+    return view, caches.readiness, on_policy, observe

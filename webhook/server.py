@@ -58,6 +58,8 @@ class Runtime:
     clock: Callable[[], datetime] = _utcnow
     readiness: Callable[[], tuple[bool, str]] = lambda: (True, "offline")
     certificate_problems: Callable[[], list[str]] = list
+    observe_count: Callable[[str, int | None, str], object] | None = None
+    """Called with (driver, allocatable count, node) for every admitted count (headroom metric)."""
     cert_file: Path | None = None
     _budget: tuple[str, IncreaseBudget | None] = ("", None)
     _connections: weakref.WeakKeyDictionary[Any, list[float]] = field(default_factory=weakref.WeakKeyDictionary)
@@ -141,6 +143,9 @@ def _review(mode: Mode) -> tuple[Response, int] | Response:
     latency = time.perf_counter() - started
     _audit(runtime, decision, review, mode, now, snapshot.policy.hash, snapshot.generation, latency)
     metrics.observe_decision(mode.value, decision, review.dry_run, latency)
+    if runtime.observe_count is not None and mode is Mode.VALIDATE and decision.response.allowed:
+        for change in decision.changes:
+            runtime.observe_count(change.change.driver, change.final, decision.node)
     response = jsonify(document)
     if runtime.should_close(request.environ.get("gunicorn.socket")):
         response.headers["Connection"] = "close"

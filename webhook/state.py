@@ -289,6 +289,6 @@ def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
             raise ValueError("drivers must be an object")
         entries = {str(k): _decode_entry(v) for k, v in drivers.items()}
         approvals = tuple(_decode_approval(a) for a in doc.get("approvals") or [])
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a signed state with a field of a wrong type
         return DecodedState(None, StateProblem.MALFORMED, f"bad field: {exc}")
     return DecodedState(GuardState(uid=uid, entries=entries, approvals=approvals))

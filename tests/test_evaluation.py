@@ -1,0 +1,1389 @@
+"""evaluate(): how the five rules combine into one AdmissionResponse, with state, justifications, evidence, budget.
+
+Every test goes through the real interfaces: an AdmissionReview shaped as kube-apiserver sends it for a kubelet
+PUT (tests/kube.py) -> parse_review -> evaluate with a StaticClusterView -> build_response, and for /mutate the
+returned JSONPatch applied as the apiserver would apply it.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kube import (
+    EBS,
+    KUBELET,
+    NODE,
+    apply_response,
+    base_csinode,
+    counts,
+    driver_entry,
+    kubelet_update,
+    review,
+    with_annotation,
+)
+from webhook.budget import IncreaseBudget
+from webhook.cluster import AttachError, StaticClusterView, UnknownClusterView
+from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate, explain, response_summary
+from webhook.policy import EnforcementAction, Policy, load_policy, parse_policy
+from webhook.review import build_response, parse_review
+from webhook.state import (
+    Approval,
+    Correction,
+    EntryState,
+    GuardState,
+    StateKeys,
+    StateProblem,
+    decode_state,
+    encode_state,
+)
+
+T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
+KEYS = StateKeys([b"evaluation-test-hmac-key-32bytes"])
+UID = "9f1c2a7e-3d64-4c1b-8f0e-2b6a5d4c3e21"
+REQUEST_UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
+STATE = "csinode-guard.io/state"
+STATE_POINTER = "/metadata/annotations/csinode-guard.io~1state"
+JUSTIFICATION = "csinode-guard.io/justification"
+VERSIONS = "csinode-guard.io/driver-versions"
+INSTANCE_TYPE = "node.kubernetes.io/instance-type"
+EFS = "efs.csi.aws.com"
+GCE = "pd.csi.storage.gke.io"
+OTHER_KUBELET = "system:node:ip-10-0-9-9.ec2.internal"
+APPROVER = ("alice", ["csinode-guard:approvers", "system:authenticated"])
+BREAK_GLASS = ("sre-oncall", ["csinode-guard:break-glass", "system:authenticated"])
+STRANGER = ("bob", ["system:authenticated"])
+WHERE = f"{NODE}/{EBS}"
+
+# The shape of policies/default.yaml, spelled out so that these tests do not move with the shipped policy.
+POLICY_DOC: dict[str, Any] = {
+    "apiVersion": "csinode-guard.io/v1alpha1",
+    "kind": "GuardPolicy",
+    "metadata": {"name": "evaluation-test"},
+    "spec": {
+        "justifiers": {"groups": ["csinode-guard:approvers"]},
+        "exemptions": {"groups": ["csinode-guard:break-glass"]},
+        "evidence": {"resourceExhaustedWithin": "15m", "largeDecreaseFraction": 0.5},
+        "rules": {
+            "writer-identity": {"enforcementAction": "deny"},
+            "writer-version": {"enforcementAction": "deny", "onUnknown": "allow", "freezeFor": "6h"},
+            "count-ceiling": {"enforcementAction": "clamp"},
+            "count-rollback": {
+                "enforcementAction": "deny",
+                "window": "1h",
+                "recoveryStep": 2,
+                "dropToZero": {"enforcementAction": "warn"},
+            },
+            "change-rate": {"enforcementAction": "deny", "minInterval": "60s"},
+            "state-integrity": {"enforcementAction": "deny"},
+        },
+        "defaults": {"versionSource": {"type": "annotation", "annotation": VERSIONS}, "maxStepUp": 16},
+        "drivers": {
+            EBS: {"ceiling": {"max": 128, "nodeLabel": INSTANCE_TYPE, "unknown": 27}},
+            GCE: {"ceiling": {"max": 127}},
+        },
+    },
+}
+
+
+def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(base))
+    for key, value in over.items():
+        out[key] = merged(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else value
+    return out
+
+
+def make_policy(**spec: Any) -> Policy:
+    return parse_policy(merged(POLICY_DOC, {"spec": spec}), "evaluation-test.yaml")
+
+
+POLICY = make_policy()
+
+
+# -- objects -------------------------------------------------------------------------------------------------------
+
+
+def history(count: int | None = 25, *, ago: float = 3600, version: str | None = "v1.37.0", **entry: Any) -> GuardState:
+    """A verified state whose EBS entry last changed to ``count`` ``ago`` seconds before T0."""
+    return GuardState(
+        uid=UID,
+        entries={EBS: EntryState(count=count, changed_at=T0 - timedelta(seconds=ago), writer_version=version, **entry)},
+    )
+
+
+def signed(obj: dict[str, Any], state: GuardState | None) -> dict[str, Any]:
+    return obj if state is None else with_annotation(obj, STATE, encode_state(state, KEYS))
+
+
+def stored(
+    count: int | None = 25, *, state: GuardState | None | str = "recent", version: str | None = "v1.37.0"
+) -> dict[str, Any]:
+    """The stored CSINode: EFS then EBS at ``count`` (kubelet appended it), the driver version, a signed state."""
+    obj = kubelet_update(base_csinode(), EBS, count)
+    if version is not None:
+        obj = with_annotation(obj, VERSIONS, json.dumps({EBS: version}))
+    return signed(obj, history(count) if state == "recent" else state)  # type: ignore[arg-type]
+
+
+def with_drivers(obj: dict[str, Any], *entries: dict[str, Any]) -> dict[str, Any]:
+    new = copy.deepcopy(obj)
+    new["spec"]["drivers"] = [copy.deepcopy(e) for e in entries]
+    return new
+
+
+def with_version(obj: dict[str, Any], version: str) -> dict[str, Any]:
+    return with_annotation(obj, VERSIONS, json.dumps({EBS: version}))
+
+
+def justification(
+    low: int, high: int, *, driver: str = EBS, expires: str = "2026-11-30T04:00:00Z", reason: str = "node drain"
+) -> str:
+    return json.dumps(
+        [{"driver": driver, "reason": reason, "minCount": low, "maxCount": high, "expires": expires, "ticket": "OPS-1"}]
+    )
+
+
+def approval(low: int, high: int, *, expires: datetime = T0 + timedelta(hours=2)) -> Approval:
+    return Approval(
+        driver=EBS,
+        reason="node drain",
+        min_count=low,
+        max_count=high,
+        expires=expires,
+        ticket="OPS-1",
+        approved_by="alice",
+        approved_at=T0 - timedelta(minutes=10),
+    )
+
+
+# -- judging -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Judged:
+    """One evaluation: the AdmissionDecision, the ``response`` of the AdmissionReview, the object after /mutate."""
+
+    decision: AdmissionDecision
+    body: dict[str, Any]
+    final: dict[str, Any] | None
+
+    @property
+    def patch(self) -> list[dict[str, Any]]:
+        raw = self.body.get("patch")
+        return json.loads(base64.b64decode(raw)) if raw else []
+
+    @property
+    def lines(self) -> list[str]:
+        return str(self.body["status"]["message"]).split("\n")
+
+    @property
+    def state(self) -> GuardState | None:
+        assert self.final is not None
+        return decode_state((self.final["metadata"].get("annotations") or {}).get(STATE), UID, KEYS).state
+
+
+def judge(
+    old: dict[str, Any] | None,
+    new: dict[str, Any] | None,
+    *,
+    user: tuple[str, list[str]] | str = KUBELET,
+    at: float = 0.0,
+    policy: Policy = POLICY,
+    cluster: Any = None,
+    mode: Mode = Mode.MUTATE,
+    dry_run: bool = False,
+    budget: IncreaseBudget | None = None,
+    budget_clock: float | None = None,
+    operation: str = "UPDATE",
+    edit: Callable[[dict[str, Any]], None] | None = None,
+) -> Judged:
+    username, groups = (user, None) if isinstance(user, str) else user
+    doc = review(old, new, user=username, groups=groups, operation=operation, dry_run=dry_run, uid=REQUEST_UID)
+    if edit is not None:
+        edit(doc["request"])
+    request = parse_review(json.dumps(doc).encode())
+    decision = evaluate(
+        request,
+        policy,
+        cluster if cluster is not None else StaticClusterView(),
+        T0 + timedelta(seconds=at),
+        KEYS,
+        mode=mode,
+        budget=budget,
+        budget_clock=budget_clock,
+    )
+    envelope = build_response(request.uid, decision.response, allow_patch=mode is Mode.MUTATE)
+    assert (envelope["apiVersion"], envelope["kind"], envelope["response"]["uid"]) == (
+        "admission.k8s.io/v1",
+        "AdmissionReview",
+        REQUEST_UID,
+    )
+    body = envelope["response"]
+    final = apply_response(new, envelope) if mode is Mode.MUTATE and body["allowed"] and new is not None else None
+    return Judged(decision, body, final)
+
+
+class Apiserver:
+    """One stored CSINode; each PUT goes through /mutate, then /validate on the mutated object, then is stored."""
+
+    def __init__(self, obj: dict[str, Any], **options: Any) -> None:
+        self.obj = obj
+        self.options = options
+
+    def put(self, new: dict[str, Any], at: float, *, user: tuple[str, list[str]] | str = KUBELET) -> Judged:
+        mutated = judge(self.obj, new, user=user, at=at, **self.options)
+        if mutated.body["allowed"]:
+            assert mutated.final is not None
+            validated = judge(self.obj, mutated.final, user=user, at=at, mode=Mode.VALIDATE, **self.options)
+            assert validated.body["allowed"], validated.body.get("status")
+            self.obj = mutated.final
+        return mutated
+
+    def kubelet(self, count: int | None, at: float, *, version: str | None = None) -> Judged:
+        new = kubelet_update(self.obj, EBS, count)
+        return self.put(with_version(new, version) if version else new, at)
+
+
+def message_line(rule: str, old: int | str, new: int | str, why: str, how: str, where: str = WHERE) -> str:
+    return f"[{rule}] {where}: {old} -> {new}: {why}; {how}"
+
+
+LINE = re.compile(
+    r"^\[(?P<rule>[a-z-]+)\] (?P<node>[^/ ]+)/(?P<driver>[^:]+): (?P<old>\w+) -> (?P<new>\w+)"
+    r"(?: \(clamped to (?P<final>\w+)\))?: [^;]+; .+$"
+)
+
+
+def parts(line: str) -> dict[str, str]:
+    """The parts of one ``[rule] node/driver: old -> new: why; how`` line (fails when it is not one)."""
+    match = LINE.match(line)
+    assert match is not None, line
+    return match.groupdict()
+RATE_HOW = "kubelet retries at its next update period; if the driver flaps, fix its NodeGetInfo"
+IDENTITY_HOW = (
+    "let the node's kubelet report the count, add the principal to spec.writers, "
+    "or have an approver set a csinode-guard.io/justification"
+)
+CEILING_HOW = "fix the driver's volume limit (e.g. --volume-attach-limit), or raise the ceiling in the policy"
+
+
+# -- requests that are never judged --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "operation"),
+    [
+        pytest.param(None, base_csinode(), "CREATE", id="kubelet creating its CSINode"),
+        pytest.param(base_csinode(), None, "DELETE", id="deleting a CSINode"),
+    ],
+)
+def test_create_and_delete_are_always_allowed(
+    old: dict[str, Any] | None, new: dict[str, Any] | None, operation: str
+) -> None:
+    judged = judge(old, new, operation=operation)
+
+    assert judged.body == {"uid": REQUEST_UID, "allowed": True, "auditAnnotations": {"decision": "skip"}}
+    assert judged.decision.decision is Decision.SKIP
+
+
+def test_create_with_an_absurd_count_is_still_allowed() -> None:
+    obj = kubelet_update(base_csinode(), EBS, 2147483647)
+    assert judge(None, obj, operation="CREATE").body["allowed"] is True
+
+
+@pytest.mark.parametrize(
+    ("edit", "warning"),
+    [
+        pytest.param(
+            lambda r: r.update(resource={"group": "", "version": "v1", "resource": "nodes"}),
+            "csinode-guard judges only storage.k8s.io/v1 csinodes, not nodes./v1; check its webhook rules",
+            id="another resource",
+        ),
+        pytest.param(
+            lambda r: r.update(subResource="status"),
+            "csinode-guard judges only storage.k8s.io/v1 csinodes, not csinodes.storage.k8s.io/v1/status; "
+            "check its webhook rules",
+            id="a subresource of csinodes",
+        ),
+        pytest.param(
+            lambda r: r.update(operation="CONNECT"),
+            "csinode-guard judges only UPDATE of csinodes, not CONNECT",
+            id="another operation",
+        ),
+    ],
+)
+def test_a_misconfigured_registration_is_allowed_with_a_warning(
+    edit: Callable[[dict[str, Any]], None], warning: str
+) -> None:
+    judged = judge(stored(), kubelet_update(stored(), EBS, 99), edit=edit)
+
+    assert judged.body == {
+        "uid": REQUEST_UID,
+        "allowed": True,
+        "warnings": [warning],
+        "auditAnnotations": {"decision": "skip"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("count", "user"),
+    [
+        pytest.param(25, KUBELET, id="kubelet registering a driver with a count"),
+        pytest.param(None, KUBELET, id="kubelet registering a driver without a count"),
+        pytest.param(2147483647, KUBELET, id="kubelet registering a driver at int32 max"),
+        pytest.param(500, OTHER_KUBELET, id="another node's kubelet registering a driver"),
+    ],
+)
+def test_a_driver_registration_is_always_allowed(count: int | None, user: str) -> None:
+    old = base_csinode()
+    judged = judge(old, kubelet_update(old, EBS, count), user=user)
+
+    assert judged.body == {
+        "uid": REQUEST_UID,
+        "allowed": True,
+        "auditAnnotations": {"decision": "allow", "policy": POLICY.hash},
+    }
+    assert judged.decision.changes == ()
+    assert judged.decision.outcomes == ()
+
+
+def test_a_driver_removal_is_always_allowed() -> None:
+    old = stored(25)
+    new = with_drivers(old, driver_entry(EFS, None))
+
+    judged = judge(old, new, user=STRANGER)
+
+    assert judged.body["allowed"] is True
+    assert "patch" not in judged.body
+    assert "warnings" not in judged.body
+
+
+def test_a_put_that_changes_no_count_is_allowed_without_a_patch() -> None:
+    old = stored(25)
+    judged = judge(old, kubelet_update(old, EBS, 25), at=1)
+
+    assert judged.body == {
+        "uid": REQUEST_UID,
+        "allowed": True,
+        "auditAnnotations": {"decision": "allow", "policy": POLICY.hash},
+    }
+
+
+def test_an_update_without_old_object_is_refused_with_code_400() -> None:
+    judged = judge(None, kubelet_update(stored(), EBS, 23))
+
+    assert judged.body == {
+        "uid": REQUEST_UID,
+        "allowed": False,
+        "status": {
+            "code": 400,
+            "reason": "BadRequest",
+            "message": "UPDATE of a CSINode without oldObject: csinode-guard cannot tell what changed",
+        },
+        "auditAnnotations": {"decision": "invalid"},
+    }
+    assert judged.decision.decision is Decision.INVALID
+
+
+@pytest.mark.parametrize(
+    ("new", "message"),
+    [
+        pytest.param(
+            with_drivers(stored(), driver_entry(EFS, None), {"name": EBS, "allocatable": {"count": -1}}),
+            "not a valid CSINode: object.spec.drivers[1].allocatable.count must be a non-negative integer",
+            id="a negative count",
+        ),
+        pytest.param(
+            with_drivers(stored(), driver_entry(EBS, 23), driver_entry(EBS, 25)),
+            "not a valid CSINode: object.spec.drivers has driver 'ebs.csi.aws.com' twice",
+            id="a driver listed twice",
+        ),
+    ],
+)
+def test_an_object_that_is_not_a_csinode_is_refused_with_code_400(new: dict[str, Any], message: str) -> None:
+    judged = judge(stored(), new)
+
+    assert judged.body["allowed"] is False
+    assert judged.body["status"] == {"code": 400, "reason": "BadRequest", "message": message}
+    assert "patch" not in judged.body
+
+
+# -- admitted changes and their state ------------------------------------------------------------------------------
+
+
+def test_a_decrease_by_the_nodes_kubelet_is_admitted_and_recorded_in_signed_state() -> None:
+    old = stored(25)
+
+    judged = judge(old, kubelet_update(old, EBS, 23), at=5)
+
+    assert set(judged.body) == {"uid", "allowed", "patchType", "patch", "auditAnnotations"}
+    assert judged.body["allowed"] is True
+    assert judged.body["auditAnnotations"] == {"decision": "allow", "policy": POLICY.hash}
+    assert [op["path"] for op in judged.patch] == [STATE_POINTER]
+    assert judged.final is not None
+    assert counts(judged.final) == {EFS: None, EBS: 23}
+    assert judged.state == GuardState(
+        uid=UID,
+        entries={EBS: EntryState(count=23, changed_at=T0 + timedelta(seconds=5), writer_version="v1.37.0")},
+    )
+
+
+def test_the_first_change_creates_the_annotations_when_the_object_has_none() -> None:
+    old = kubelet_update(base_csinode(), EBS, 25)
+    del old["metadata"]["annotations"]
+
+    judged = judge(old, kubelet_update(old, EBS, 23))
+
+    assert judged.patch[0]["op"] == "add"
+    assert judged.patch[0]["path"] == "/metadata/annotations"
+    assert list(judged.patch[0]["value"]) == [STATE]
+    assert judged.state is not None
+    assert judged.state.entries[EBS].count == 23
+
+
+@pytest.mark.parametrize(
+    ("state", "problem"),
+    [
+        pytest.param(None, StateProblem.MISSING, id="no state yet"),
+        pytest.param(GuardState(uid="recreated-object", entries=history().entries), StateProblem.OTHER_OBJECT,
+                     id="a state copied from another CSINode"),
+    ],
+)
+def test_an_entry_without_usable_state_is_judged_as_new(state: GuardState | None, problem: StateProblem) -> None:
+    old = stored(25, state=state)
+
+    judged = judge(old, kubelet_update(old, EBS, 26), at=-3595)  # 5 s after the change the unusable state records
+
+    assert judged.body["allowed"] is True
+    assert judged.decision.state_problem is problem
+    assert judged.decision.fired_rules == []
+    assert judged.state is not None
+    assert judged.state.uid == UID
+
+
+def test_a_forged_state_is_ignored_and_the_entry_judged_as_new() -> None:
+    old = with_annotation(stored(25, state=None), STATE, encode_state(history(5, ago=1), StateKeys([b"x" * 32])))
+
+    judged = judge(old, kubelet_update(old, EBS, 26))
+
+    assert judged.decision.state_problem is StateProblem.BAD_SIGNATURE
+    assert judged.body["allowed"] is True
+    assert "state: ignored (bad-signature: signature does not verify); entries judged as new" in explain(
+        judged.decision
+    )
+
+
+# -- any deny denies -----------------------------------------------------------------------------------------------
+
+
+def test_every_deny_is_one_line_of_a_403_forbidden() -> None:
+    old = stored(25, state=history(25, ago=20))
+
+    judged = judge(old, kubelet_update(old, EBS, 26), user=OTHER_KUBELET)
+
+    assert judged.body == {
+        "uid": REQUEST_UID,
+        "allowed": False,
+        "status": {
+            "code": 403,
+            "reason": "Forbidden",
+            "message": "\n".join(
+                [
+                    message_line(
+                        "writer-identity", 25, 26,
+                        f"written by another node's kubelet ({OTHER_KUBELET})", IDENTITY_HOW,
+                    ),
+                    message_line(
+                        "change-rate", 25, 26, "20s after the last accepted change; the minimum is 1m", RATE_HOW
+                    ),
+                ]
+            ),
+        },
+        "auditAnnotations": {"decision": "deny", "policy": POLICY.hash, "rules": "writer-identity,change-rate"},
+    }
+    assert judged.decision.decision is Decision.DENY
+    assert [parts(line)["rule"] for line in judged.lines] == ["writer-identity", "change-rate"]
+
+
+def test_a_deny_wins_over_a_clamp_and_returns_no_patch() -> None:
+    old = stored(25, state=history(25, ago=20))
+
+    judged = judge(old, kubelet_update(old, EBS, 39))
+
+    assert judged.body["allowed"] is False
+    assert "patch" not in judged.body
+    assert "patchType" not in judged.body
+    assert [parts(line)["rule"] for line in judged.lines] == ["change-rate"]
+    assert judged.body["auditAnnotations"]["rules"] == "count-ceiling,change-rate"
+    assert [(c.change.driver, c.final) for c in judged.decision.changes] == [(EBS, 25)]
+
+
+def test_denies_of_several_drivers_are_one_line_each() -> None:
+    old = with_drivers(stored(), driver_entry(EFS, None), driver_entry(EBS, 25), driver_entry(GCE, 10))
+
+    judged = judge(old, with_drivers(old, driver_entry(EFS, None), driver_entry(EBS, 20), driver_entry(GCE, 12)),
+                   user=STRANGER)
+
+    assert [(m["rule"], m["driver"], m["old"], m["new"]) for m in map(parts, judged.lines)] == [
+        ("writer-identity", EBS, "25", "20"),
+        ("writer-identity", GCE, "10", "12"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "groups",
+    [pytest.param(["system:authenticated"], id="the node's name without the system:nodes group")],
+)
+def test_only_the_node_identity_in_system_nodes_is_the_nodes_kubelet(groups: list[str]) -> None:
+    old = stored(25)
+    judged = judge(old, kubelet_update(old, EBS, 23), user=(KUBELET, groups))
+    assert judged.lines[0].startswith(f"[writer-identity] {WHERE}: 25 -> 23: written by another node's kubelet")
+
+
+# -- clamps --------------------------------------------------------------------------------------------------------
+
+
+def test_a_count_above_the_ceiling_is_clamped_with_a_warning() -> None:
+    old = stored(25)
+
+    judged = judge(old, kubelet_update(old, EBS, 39))
+
+    assert set(judged.body) == {"uid", "allowed", "warnings", "patchType", "patch", "auditAnnotations"}
+    assert judged.body["warnings"] == [
+        message_line("count-ceiling", 25, "39 (clamped to 27)", "above the ceiling 27 (ceiling for unknown node)",
+                     CEILING_HOW)
+    ]
+    assert judged.body["auditAnnotations"] == {"decision": "clamp", "policy": POLICY.hash, "rules": "count-ceiling"}
+    assert judged.patch[0] == {"op": "add", "path": "/spec/drivers/1/allocatable/count", "value": 27}
+    assert judged.final is not None
+    assert counts(judged.final) == {EFS: None, EBS: 27}
+    assert judged.state is not None
+    assert judged.state.entries[EBS].count == 27
+    assert response_summary(judged.decision) == {"decision": "clamp", "rules": ["count-ceiling"], "finals": {EBS: 27}}
+
+
+def test_several_clamps_take_the_most_restrictive_count() -> None:
+    old = stored(5)
+
+    judged = judge(old, kubelet_update(old, EBS, 39))
+
+    assert judged.final is not None
+    assert counts(judged.final)[EBS] == 21
+    assert [w.split(": ")[1] for w in judged.body["warnings"]] == ["5 -> 39 (clamped to 21)"] * 2
+    assert [w.split(": ")[2].split(" (")[0] for w in judged.body["warnings"]] == [
+        "above the ceiling 27",
+        "an increase of 34 is larger than maxStepUp 16",
+    ]
+
+
+def test_a_clamp_and_a_warning_are_both_reported() -> None:
+    policy = make_policy(rules={"change-rate": {"enforcementAction": "warn"}})
+    old = stored(25, state=history(25, ago=10))
+
+    judged = judge(old, kubelet_update(old, EBS, 30), policy=policy)
+
+    assert judged.decision.decision is Decision.CLAMP
+    assert [parts(w)["rule"] for w in judged.body["warnings"]] == ["count-ceiling", "change-rate"]
+
+
+@pytest.mark.parametrize(
+    ("stored_order", "report"),
+    [
+        pytest.param([EFS, EBS], None, id="an unbounded report of the last driver"),
+        pytest.param([EBS, EFS], None, id="an unbounded report that kubelet re-appended"),
+        pytest.param([EBS, EFS], 2147483647, id="an int32-max report that kubelet re-appended"),
+    ],
+)
+def test_a_clamp_back_to_the_stored_count_leaves_the_object_byte_identical(
+    stored_order: list[str], report: int | None
+) -> None:
+    entries = {EFS: driver_entry(EFS, None), EBS: driver_entry(EBS, 25)}
+    old = signed(with_version(with_drivers(base_csinode(), *(entries[d] for d in stored_order)), "v1.37.0"), history())
+    put = kubelet_update(old, EBS, report)
+
+    judged = judge(old, put)
+
+    assert judged.body["allowed"] is True
+    assert judged.decision.decision is Decision.CLAMP
+    assert judged.final is not None
+    assert json.dumps(judged.final) == json.dumps(old)
+    assert all(op["path"] != STATE_POINTER for op in judged.patch)
+    assert judged.decision.new_state is None
+    if stored_order != [d["name"] for d in put["spec"]["drivers"]]:
+        assert judged.patch == [{"op": "replace", "path": "/spec/drivers", "value": old["spec"]["drivers"]}]
+
+
+def test_a_clamp_back_to_the_stored_count_also_restores_an_edited_state() -> None:
+    old = with_drivers(stored(), driver_entry(EBS, 25), driver_entry(EFS, None))
+    put = with_annotation(kubelet_update(old, EBS, None), STATE, '{"forged": true}')
+
+    judged = judge(old, put)
+
+    assert judged.final is not None
+    assert json.dumps(judged.final) == json.dumps(old)
+
+
+def test_an_unbounded_entry_clamped_next_to_an_admitted_change_gets_its_count_back() -> None:
+    old = with_drivers(stored(), driver_entry(EFS, None), driver_entry(GCE, 10), driver_entry(EBS, 25))
+    new = with_drivers(old, driver_entry(EFS, None), driver_entry(GCE, 12), driver_entry(EBS, None))
+
+    judged = judge(old, new)
+
+    assert {"op": "add", "path": "/spec/drivers/2/allocatable", "value": {"count": 25}} in judged.patch
+    assert judged.final is not None
+    assert counts(judged.final) == {EFS: None, GCE: 12, EBS: 25}
+    assert judged.state is not None
+    assert judged.state.entries[EBS] == history().entries[EBS]
+    assert judged.state.entries[GCE].count == 12
+
+
+# -- warn and dryrun -----------------------------------------------------------------------------------------------
+
+
+def test_a_drop_to_zero_without_justification_is_admitted_with_a_warning() -> None:
+    old = stored(25)
+
+    judged = judge(old, kubelet_update(old, EBS, 0))
+
+    assert set(judged.body) == {"uid", "allowed", "warnings", "patchType", "patch", "auditAnnotations"}
+    assert judged.body["warnings"] == [
+        message_line(
+            "count-rollback", 25, 0, "a drop to 0 stops every new attach on this node",
+            "have an approver set a csinode-guard.io/justification covering 0",
+        )
+    ]
+    assert judged.body["auditAnnotations"] == {"decision": "warn", "policy": POLICY.hash, "rules": "count-rollback"}
+    assert judged.final is not None
+    assert counts(judged.final)[EBS] == 0
+
+
+def test_a_dryrun_rule_is_audited_but_neither_warns_nor_blocks() -> None:
+    policy = make_policy(rules={"change-rate": {"enforcementAction": "dryrun"}})
+    old = stored(25, state=history(25, ago=10))
+
+    judged = judge(old, kubelet_update(old, EBS, 26), policy=policy)
+
+    assert set(judged.body) == {"uid", "allowed", "patchType", "patch", "auditAnnotations"}
+    assert judged.body["auditAnnotations"] == {"decision": "allow", "policy": policy.hash, "rules": "change-rate"}
+    (violation,) = [o for o in judged.decision.outcomes if o.result == "violation"]
+    assert (violation.rule, violation.enforcement, violation.effective) == (
+        "change-rate",
+        EnforcementAction.DRYRUN,
+        EnforcementAction.DRYRUN,
+    )
+    assert judged.final is not None
+    assert counts(judged.final)[EBS] == 26
+
+
+# -- enforcementScope and exemptions -------------------------------------------------------------------------------
+
+CANARY = make_policy(enforcementScope={"nodeSelector": {"matchLabels": {"csinode-guard.io/enforce": "true"}}})
+
+
+@pytest.mark.parametrize(
+    ("cluster", "in_scope"),
+    [
+        pytest.param(StaticClusterView(nodes={NODE: {"labels": {"csinode-guard.io/enforce": "true"}}}), True,
+                     id="a node the selector matches is enforced"),
+        pytest.param(StaticClusterView(nodes={NODE: {"labels": {"csinode-guard.io/enforce": "false"}}}), False,
+                     id="a node the selector does not match is judged in dryrun"),
+        pytest.param(StaticClusterView(), False, id="a node whose labels are unknown is judged in dryrun"),
+    ],
+)
+def test_enforcement_scope_limits_enforcement_to_matching_nodes(cluster: StaticClusterView, in_scope: bool) -> None:
+    old = stored(25)
+
+    judged = judge(old, kubelet_update(old, EBS, 39), policy=CANARY, cluster=cluster)
+
+    assert judged.decision.in_scope is in_scope
+    assert judged.body["allowed"] is True
+    assert judged.final is not None
+    assert counts(judged.final)[EBS] == (27 if in_scope else 39)
+    assert ("warnings" in judged.body) is in_scope
+    assert judged.body["auditAnnotations"]["rules"] == "count-ceiling"
+    effective = [o.effective for o in judged.decision.outcomes if o.result == "violation"]
+    assert effective == [EnforcementAction.CLAMP if in_scope else EnforcementAction.DRYRUN]
+
+
+def test_an_exempt_principal_is_never_blocked_but_audited_as_if_enforced() -> None:
+    old = stored(25, state=history(25, ago=10))
+
+    judged = judge(old, kubelet_update(old, EBS, 39), user=BREAK_GLASS)
+
+    assert set(judged.body) == {"uid", "allowed", "patchType", "patch", "auditAnnotations"}
+    assert judged.body["auditAnnotations"] == {
+        "decision": "allow",
+        "policy": POLICY.hash,
+        "rules": "writer-identity,count-ceiling,change-rate",
+        "exempt": "true",
+    }
+    assert judged.decision.exempt is True
+    assert [(o.rule, o.enforcement, o.effective) for o in judged.decision.outcomes if o.result == "violation"] == [
+        ("writer-identity", EnforcementAction.DENY, EnforcementAction.DRYRUN),
+        ("count-ceiling", EnforcementAction.CLAMP, EnforcementAction.DRYRUN),
+        ("change-rate", EnforcementAction.DENY, EnforcementAction.DRYRUN),
+    ]
+    assert judged.final is not None
+    assert counts(judged.final)[EBS] == 39
+    assert judged.state is not None
+    assert judged.state.entries[EBS].count == 39
+
+
+def test_an_exempt_principal_passes_validate_too() -> None:
+    old = stored(25)
+    mutated = judge(old, kubelet_update(old, EBS, 39), user=BREAK_GLASS)
+    assert mutated.final is not None
+
+    validated = judge(old, mutated.final, user=BREAK_GLASS, mode=Mode.VALIDATE)
+
+    assert validated.body["allowed"] is True
+
+
+# -- /validate -----------------------------------------------------------------------------------------------------
+
+
+def test_validate_never_returns_a_patch() -> None:
+    old = stored(25)
+    mutated = judge(old, kubelet_update(old, EBS, 23))
+    assert mutated.final is not None
+
+    validated = judge(old, mutated.final, mode=Mode.VALIDATE)
+
+    assert validated.body == {
+        "uid": REQUEST_UID,
+        "allowed": True,
+        "auditAnnotations": {"decision": "allow", "policy": POLICY.hash},
+    }
+    assert validated.decision.response.patch == ()
+
+
+def test_validate_turns_an_unapplied_clamp_into_a_deny() -> None:
+    old = stored(25)
+
+    judged = judge(old, kubelet_update(old, EBS, 39), mode=Mode.VALIDATE)
+
+    assert judged.body["allowed"] is False
+    assert judged.body["status"]["code"] == 403
+    assert judged.lines[0] == message_line(
+        "count-ceiling", 25, 39, "above the ceiling 27 (ceiling for unknown node)", CEILING_HOW
+    )
+    assert "patch" not in judged.body
+
+
+def test_validate_allows_what_mutate_clamped() -> None:
+    old = stored(25)
+    mutated = judge(old, kubelet_update(old, EBS, 39))
+    assert mutated.final is not None
+
+    assert judge(old, mutated.final, mode=Mode.VALIDATE).body["allowed"] is True
+
+
+def test_validate_catches_a_count_changed_after_mutate() -> None:
+    old = stored(25)
+    mutated = judge(old, kubelet_update(old, EBS, 23))
+    assert mutated.final is not None
+    rewritten = kubelet_update(mutated.final, EBS, 24)  # a later mutating webhook
+
+    judged = judge(old, rewritten, mode=Mode.VALIDATE)
+
+    assert judged.lines == [
+        message_line(
+            "state-integrity", 25, 24,
+            "the state records 23, so the count changed after csinode-guard's /mutate ran",
+            "find the mutating webhook that rewrites allocatable.count and remove it",
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("state", "why", "how"),
+    [
+        pytest.param(
+            "recent",
+            "the state records 25, so the count changed after csinode-guard's /mutate ran",
+            "find the mutating webhook that rewrites allocatable.count and remove it",
+            id="the stored state still records the old count",
+        ),
+        pytest.param(
+            None,
+            "the final object's csinode-guard.io/state is not valid (missing)",
+            "make sure csinode-guard's /mutate webhook is registered",
+            id="there is no state at all",
+        ),
+    ],
+)
+def test_validate_refuses_a_change_that_mutate_never_saw(state: str | None, why: str, how: str) -> None:
+    old = stored(25, state=state)
+
+    judged = judge(old, kubelet_update(old, EBS, 23), mode=Mode.VALIDATE)
+
+    assert judged.lines == [message_line("state-integrity", 25, 23, why, how)]
+
+
+def test_validate_refuses_a_forged_state_without_a_count_change_naming_the_state_annotation() -> None:
+    old = stored(25)
+
+    judged = judge(old, with_annotation(old, STATE, '{"sig": "forged"}'), mode=Mode.VALIDATE)
+
+    assert judged.lines == [
+        f"[state-integrity] {NODE}: {STATE}: the final object's {STATE} is not valid (bad-signature); "
+        "make sure csinode-guard's /mutate webhook is registered"
+    ]
+
+
+def test_validate_with_state_integrity_in_dryrun_only_audits() -> None:
+    policy = make_policy(rules={"state-integrity": {"enforcementAction": "dryrun"}})
+    old = stored(25)
+
+    judged = judge(old, kubelet_update(old, EBS, 23), mode=Mode.VALIDATE, policy=policy)
+
+    assert judged.body["allowed"] is True
+    assert judged.body["auditAnnotations"]["rules"] == "state-integrity"
+
+
+# -- the state annotation belongs to the guard ---------------------------------------------------------------------
+
+
+def test_a_request_that_edits_the_state_gets_the_stored_value_back() -> None:
+    old = stored(25, state=history(25, frozen_until=T0 + timedelta(hours=3)))
+    forged = encode_state(history(25), StateKeys([b"attacker-key-attacker-key-32byte"]))
+
+    judged = judge(old, with_annotation(old, STATE, forged), user=STRANGER)
+
+    assert judged.body["allowed"] is True
+    assert judged.patch == [{"op": "add", "path": STATE_POINTER, "value": old["metadata"]["annotations"][STATE]}]
+    assert judged.final == old
+
+
+def test_a_request_that_removes_the_state_gets_it_back() -> None:
+    old = stored(25)
+    judged = judge(old, with_annotation(old, STATE, None))
+    assert judged.final == old
+
+
+def test_a_request_that_adds_a_state_where_there_was_none_gets_it_removed() -> None:
+    old = stored(25, state=None)
+
+    judged = judge(old, with_annotation(old, STATE, encode_state(history(25), KEYS)))
+
+    assert judged.patch == [{"op": "remove", "path": STATE_POINTER}]
+    assert judged.final == old
+
+
+def test_a_request_that_edits_the_state_with_an_admitted_change_gets_a_freshly_signed_state() -> None:
+    old = stored(25)
+    new = with_annotation(kubelet_update(old, EBS, 23), STATE, '{"drivers": {}}')
+
+    judged = judge(old, new)
+
+    assert judged.state is not None
+    assert judged.state.entries[EBS].count == 23
+
+
+# -- dry-run requests ----------------------------------------------------------------------------------------------
+
+
+def _same_decision_cases() -> list[Any]:
+    old = stored(25)
+    recent = stored(25, state=history(25, ago=10))
+    return [
+        pytest.param(old, kubelet_update(old, EBS, 23), id="an admitted decrease"),
+        pytest.param(old, kubelet_update(old, EBS, 39), id="a clamp"),
+        pytest.param(old, kubelet_update(old, EBS, 0), id="a warning"),
+        pytest.param(recent, kubelet_update(recent, EBS, 26), id="a deny"),
+        pytest.param(old, with_annotation(old, JUSTIFICATION, justification(0, 0)), id="a refused justification"),
+    ]
+
+
+@pytest.mark.parametrize(("old", "new"), _same_decision_cases())
+def test_a_dry_run_request_gets_the_same_decision(old: dict[str, Any], new: dict[str, Any]) -> None:
+    real = judge(old, new)
+    dry = judge(old, new, dry_run=True)
+
+    assert dry.body == real.body
+    assert dry.decision.decision is real.decision.decision
+
+
+def test_a_dry_run_request_gets_the_budget_decision_without_taking_from_it() -> None:
+    budget = IncreaseBudget(rate=1, burst=1)
+    old = stored(25)
+    put = kubelet_update(old, EBS, 26)
+
+    assert judge(old, put, dry_run=True, budget=budget, budget_clock=0).body["allowed"] is True
+    assert budget.available(0) == 1
+    assert judge(old, put, budget=budget, budget_clock=0).body["allowed"] is True
+    dry = judge(old, put, dry_run=True, budget=budget, budget_clock=0)
+    real = judge(old, put, budget=budget, budget_clock=0)
+
+    assert dry.body == real.body
+    assert real.body["allowed"] is False
+
+
+# -- justifications ------------------------------------------------------------------------------------------------
+
+
+def test_a_justification_from_a_non_justifier_is_refused_by_writer_identity() -> None:
+    old = stored(25)
+
+    judged = judge(old, with_annotation(old, JUSTIFICATION, justification(0, 0)), user=STRANGER)
+
+    assert judged.body["allowed"] is False
+    assert judged.lines == [
+        f"[writer-identity] {NODE}: {JUSTIFICATION}: bob is not a justifier the policy lists; "
+        "ask a principal listed under spec.justifiers to set the justification"
+    ]
+
+
+def test_a_justification_from_a_justifier_is_recorded_in_the_state() -> None:
+    old = stored(25)
+
+    judged = judge(old, with_annotation(old, JUSTIFICATION, justification(0, 0)), user=APPROVER, at=30)
+
+    assert judged.body["allowed"] is True
+    assert judged.decision.approvals_recorded == 1
+    assert judged.state is not None
+    assert judged.state.approvals == (
+        Approval(
+            driver=EBS,
+            reason="node drain",
+            min_count=0,
+            max_count=0,
+            expires=datetime(2026, 11, 30, 4, 0, tzinfo=UTC),
+            ticket="OPS-1",
+            approved_by="alice",
+            approved_at=T0 + timedelta(seconds=30),
+        ),
+    )
+    assert judged.state.entries == history().entries
+
+
+def test_a_justification_kubelet_keeps_on_its_put_is_not_judged_again() -> None:
+    server = Apiserver(stored(25))
+    server.put(with_annotation(server.obj, JUSTIFICATION, justification(0, 0)), 10, user=APPROVER)
+
+    judged = server.kubelet(0, 20)
+
+    assert judged.body["allowed"] is True
+    assert "warnings" not in judged.body
+    assert judged.state is not None
+    assert len(judged.state.approvals) == 1
+    assert judged.state.entries[EBS].correction == Correction(
+        at=T0 + timedelta(seconds=20), before=25, after=0, basis="justification"
+    )
+
+
+def test_a_justification_lets_another_writer_change_the_count() -> None:
+    old = signed(stored(25, state=None), GuardState(uid=UID, entries=history().entries, approvals=(approval(30, 30),)))
+
+    assert judge(old, kubelet_update(old, EBS, 30), user=STRANGER).body["allowed"] is True
+    assert judge(old, kubelet_update(old, EBS, 29), user=STRANGER).body["allowed"] is False
+
+
+def test_an_approver_may_justify_and_change_in_one_request() -> None:
+    old = stored(25)
+    new = with_annotation(kubelet_update(old, EBS, 0), JUSTIFICATION, justification(0, 0))
+
+    judged = judge(old, new, user=APPROVER)
+
+    assert judged.body["allowed"] is True
+    assert "warnings" not in judged.body
+
+
+@pytest.mark.parametrize(
+    ("value", "warns"),
+    [
+        pytest.param(justification(0, 0), False, id="a justification covering 0 silences the warning"),
+        pytest.param(justification(0, 0, expires="2026-11-30T01:00:00Z"), True, id="an expired justification"),
+        pytest.param(justification(1, 10), True, id="a justification whose range leaves out 0"),
+        pytest.param(justification(0, 0, driver=GCE), True, id="a justification for another driver"),
+    ],
+)
+def test_only_a_matching_unexpired_justification_counts(value: str, warns: bool) -> None:
+    server = Apiserver(stored(25))
+    server.put(with_annotation(server.obj, JUSTIFICATION, value), 10, user=APPROVER)
+
+    judged = server.kubelet(0, 20)
+
+    assert judged.body["allowed"] is True
+    assert ("warnings" in judged.body) is warns
+
+
+def test_an_expired_justification_is_named_in_a_warning_and_not_recorded() -> None:
+    old = stored(25)
+
+    judged = judge(
+        old,
+        with_annotation(old, JUSTIFICATION, justification(0, 0, expires="2026-11-30T01:00:00Z")),
+        user=APPROVER,
+    )
+
+    assert judged.body["warnings"] == ["justification for ebs.csi.aws.com expired at 2026-11-30T01:00:00+00:00; "
+                                       "not recorded"]
+    assert judged.decision.approvals_recorded == 0
+    assert "patch" not in judged.body
+
+
+def test_a_recorded_approval_expires() -> None:
+    state = GuardState(uid=UID, entries=history().entries, approvals=(approval(0, 0, expires=T0 - timedelta(1)),))
+    old = signed(stored(25, state=None), state)
+
+    judged = judge(old, kubelet_update(old, EBS, 0))
+
+    assert "warnings" in judged.body
+    assert judged.state is not None
+    assert judged.state.approvals == ()
+
+
+def test_a_malformed_justification_from_a_justifier_is_refused_with_code_400() -> None:
+    old = stored(25)
+    value = json.dumps([{"driver": EBS, "reason": " ", "minCount": 0, "maxCount": 0, "expires": "2026-12-01T00:00:00Z"}])
+
+    judged = judge(old, with_annotation(old, JUSTIFICATION, value), user=APPROVER)
+
+    assert judged.body["status"] == {
+        "code": 400,
+        "reason": "BadRequest",
+        "message": "csinode-guard.io/justification[0].reason must say why",
+    }
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        pytest.param("{not json", "csinode-guard.io/justification is not JSON", id="text that is not JSON"),
+        pytest.param('"approve"', "csinode-guard.io/justification must be a JSON list of objects", id="a string"),
+        pytest.param("[1]", "csinode-guard.io/justification[0] must be an object", id="a list of numbers"),
+        pytest.param(
+            json.dumps([{"reason": "r", "minCount": 0, "maxCount": 0, "expires": "2026-12-01T00:00:00Z"}]),
+            "csinode-guard.io/justification[0].driver must be a driver name",
+            id="no driver",
+        ),
+        pytest.param(
+            json.dumps([{"driver": EBS, "reason": "r", "minCount": 0, "maxCount": 0, "expires": "soon"}]),
+            "csinode-guard.io/justification[0].expires must be an RFC 3339 time",
+            id="an expiry that is not a time",
+        ),
+        pytest.param(
+            json.dumps([{"driver": EBS, "reason": "r", "minCount": -1, "maxCount": 0, "expires": "2026-12-01"}]),
+            "csinode-guard.io/justification[0].minCount must be a non-negative integer",
+            id="a negative minimum",
+        ),
+        pytest.param(
+            json.dumps([{"driver": EBS, "reason": "r", "minCount": 5, "maxCount": "9", "expires": "2026-12-01"}]),
+            "csinode-guard.io/justification[0].maxCount must be a non-negative integer",
+            id="a maximum that is text",
+        ),
+        pytest.param(
+            json.dumps([{"driver": EBS, "reason": "r", "minCount": 9, "maxCount": 5, "expires": "2026-12-01"}]),
+            "csinode-guard.io/justification[0]: minCount 9 is above maxCount 5",
+            id="a range the wrong way round",
+        ),
+    ],
+)
+def test_a_justification_that_does_not_parse_is_refused_naming_the_field(value: str, message: str) -> None:
+    old = stored(25)
+
+    judged = judge(old, with_annotation(old, JUSTIFICATION, value), user=APPROVER)
+
+    assert judged.body["allowed"] is False
+    assert judged.body["status"]["code"] == 400
+    assert judged.body["status"]["message"].startswith(message)
+
+
+def test_a_single_justification_object_is_taken_as_a_list_of_one() -> None:
+    old = stored(25)
+    value = json.dumps({"driver": EBS, "reason": "drain", "minCount": 0, "maxCount": 0, "expires": "2026-12-01"})
+
+    judged = judge(old, with_annotation(old, JUSTIFICATION, value), user=APPROVER)
+
+    assert judged.state is not None
+    assert [(a.driver, a.expires, a.ticket) for a in judged.state.approvals] == [
+        (EBS, datetime(2026, 12, 1, tzinfo=UTC), "")
+    ]
+
+
+# -- ResourceExhausted evidence ------------------------------------------------------------------------------------
+
+
+def attach_errors(*codes: int | None, ago: float = 60) -> StaticClusterView:
+    return StaticClusterView(
+        attach_error_list={
+            (NODE, EBS): [
+                AttachError(code=code, time=T0 - timedelta(seconds=ago), volume_attachment=f"csi-{i}")
+                for i, code in enumerate(codes)
+            ]
+        }
+    )
+
+
+def test_a_decrease_backed_by_resource_exhausted_is_a_correction() -> None:
+    old = stored(25)
+
+    judged = judge(old, kubelet_update(old, EBS, 23), cluster=attach_errors(8))
+
+    assert judged.state is not None
+    assert judged.state.entries[EBS].correction == Correction(at=T0, before=25, after=23, basis="resource-exhausted")
+    assert [c.correction for c in judged.decision.changes] == ["resource-exhausted"]
+
+
+@pytest.mark.parametrize(
+    "cluster",
+    [
+        pytest.param(attach_errors(7), id="permission denied"),
+        pytest.param(attach_errors(9), id="failed precondition"),
+        pytest.param(attach_errors(4, 14), id="transient errors"),
+        pytest.param(attach_errors(None), id="an error without code"),
+        pytest.param(attach_errors(8, ago=16 * 60), id="resource exhausted older than resourceExhaustedWithin"),
+        pytest.param(StaticClusterView(known_attach_errors=False), id="attach errors unknown"),
+        pytest.param(StaticClusterView(), id="no attach errors"),
+    ],
+)
+def test_a_decrease_without_recent_resource_exhausted_evidence_is_no_correction(cluster: StaticClusterView) -> None:
+    old = stored(25)
+
+    judged = judge(old, kubelet_update(old, EBS, 23), cluster=cluster)
+
+    assert judged.body["allowed"] is True
+    assert judged.state is not None
+    assert judged.state.entries[EBS].correction is None
+
+
+def test_an_increase_undoing_a_correction_within_the_window_is_denied() -> None:
+    server = Apiserver(stored(25), cluster=attach_errors(8))
+    server.kubelet(23, 0)
+
+    judged = server.kubelet(25, 120)
+
+    assert judged.lines == [
+        message_line(
+            "count-rollback", 23, 25,
+            "back to 25 undoes the correction 25 -> 23 at 2026-11-30T02:00:00.000Z within 1h",
+            "have an approver justify the restore, or wait for the window to pass",
+        )
+    ]
+    assert server.kubelet(24, 180).body["allowed"] is True
+    assert server.kubelet(25, 3601).body["allowed"] is True
+
+
+def test_a_large_decrease_with_only_non_capacity_errors_is_named_in_a_warning() -> None:
+    old = stored(25)
+
+    judged = judge(old, kubelet_update(old, EBS, 10), cluster=attach_errors(7, 9, 9))
+
+    assert judged.body["allowed"] is True
+    assert judged.body["warnings"] == [
+        f"{WHERE}: 25 -> 10 coincides only with non-capacity attach errors (permission: 1, precondition: 2); "
+        "lowering the count on any attach failure is a driver mistake"
+    ]
+    assert judged.decision.decision is Decision.ALLOW
+
+
+@pytest.mark.parametrize(
+    ("new", "cluster"),
+    [
+        pytest.param(20, attach_errors(7), id="a small decrease"),
+        pytest.param(10, attach_errors(7, 8), id="a large decrease with a capacity error among them"),
+        pytest.param(10, StaticClusterView(), id="a large decrease without attach errors"),
+    ],
+)
+def test_no_capacity_warning_otherwise(new: int, cluster: StaticClusterView) -> None:
+    old = stored(25)
+    assert "warnings" not in judge(old, kubelet_update(old, EBS, new), cluster=cluster).body
+
+
+# -- the cluster-wide increase budget ------------------------------------------------------------------------------
+
+
+def test_an_exhausted_budget_denies_increases_until_it_refills() -> None:
+    budget = IncreaseBudget(rate=1, burst=1)
+    old = stored(25)
+    put = kubelet_update(old, EBS, 26)
+
+    assert judge(old, put, budget=budget, budget_clock=100.0).body["allowed"] is True
+    judged = judge(old, put, budget=budget, budget_clock=100.2)
+
+    assert judged.lines == [
+        message_line(
+            "change-rate", 25, 26, "the cluster-wide increase budget (1/s, burst 1) is used up",
+            "kubelet retries at its next update period; many nodes raising counts at once is worth a look",
+        )
+    ]
+    assert judge(old, put, budget=budget, budget_clock=101.2).body["allowed"] is True
+
+
+def test_decreases_validate_and_denied_requests_take_nothing_from_the_budget() -> None:
+    budget = IncreaseBudget(rate=1, burst=1)
+    old = stored(25)
+    recent = stored(25, state=history(25, ago=5))
+
+    judge(old, kubelet_update(old, EBS, 20), budget=budget, budget_clock=0)
+    judge(old, kubelet_update(old, EBS, 26), budget=budget, budget_clock=0, mode=Mode.VALIDATE)
+    assert judge(recent, kubelet_update(recent, EBS, 26), budget=budget, budget_clock=0).body["allowed"] is False
+
+    assert budget.available(0) == 1
+
+
+def test_an_increase_clamped_back_to_the_old_count_takes_nothing_from_the_budget() -> None:
+    budget = IncreaseBudget(rate=1, burst=1)
+    old = stored(25)
+
+    judge(old, kubelet_update(old, EBS, None), budget=budget, budget_clock=0)
+
+    assert budget.available(0) == 1
+
+
+# -- driver versions and freezes -----------------------------------------------------------------------------------
+
+
+def test_a_driver_rollback_freezes_increases_for_freeze_for() -> None:
+    server = Apiserver(stored(25))
+
+    rollback = server.kubelet(23, 0, version="v1.30.0")
+    assert rollback.body["allowed"] is True
+    assert rollback.body["warnings"] == [
+        message_line(
+            "writer-version", 25, 23,
+            "driver version rolled back v1.37.0 -> v1.30.0; increases are frozen for 6h",
+            "roll the driver forward again, or have an approver justify the rollback",
+        )
+    ]
+    assert rollback.state is not None
+    assert rollback.state.entries[EBS].frozen_until == T0 + timedelta(hours=6)
+    assert rollback.state.entries[EBS].writer_version == "v1.30.0"
+
+    frozen = server.kubelet(24, 600)
+    assert frozen.lines == [
+        message_line(
+            "count-rollback", 23, 24,
+            "increases are frozen until 2026-11-30T08:00:00.000Z after a driver version rollback",
+            "wait for the freeze to end, or have an approver justify the increase",
+        )
+    ]
+    assert server.kubelet(20, 700).body["allowed"] is True
+    assert server.kubelet(22, 6 * 3600).body["allowed"] is True
+
+
+def test_an_increase_from_a_rolled_back_driver_is_denied_and_nothing_is_recorded() -> None:
+    old = stored(23)
+
+    judged = judge(old, with_version(kubelet_update(old, EBS, 25), "v1.30.0"))
+
+    assert judged.lines[0] == message_line(
+        "writer-version", 23, 25, "driver version rolled back v1.37.0 -> v1.30.0; increases are frozen for 6h",
+        "roll the driver forward again, or have an approver justify the rollback",
+    )
+    assert judged.decision.new_state is None
+
+
+def test_a_justified_rollback_is_admitted_and_still_freezes() -> None:
+    state = GuardState(uid=UID, entries=history(23).entries, approvals=(approval(0, 30),))
+    old = signed(stored(23, state=None), state)
+
+    judged = judge(old, with_version(kubelet_update(old, EBS, 25), "v1.30.0"))
+
+    assert judged.body["allowed"] is True
+    assert "warnings" not in judged.body
+    assert judged.state is not None
+    assert judged.state.entries[EBS].frozen_until == T0 + timedelta(hours=6)
+
+
+@pytest.mark.parametrize(
+    ("policy", "cluster", "new", "allowed"),
+    [
+        pytest.param(make_policy(drivers={EBS: {"minVersion": "v1.38.0"}}), None, None, False,
+                     id="the version annotation is read"),
+        pytest.param(make_policy(drivers={EBS: {"minVersion": "v1.38.0"}}), None,
+                     with_annotation(stored(25), VERSIONS, "{not json"), True,
+                     id="an annotation that is not JSON is an unknown version"),
+        pytest.param(
+            make_policy(drivers={EBS: {"minVersion": "v1.35.0", "versionSource": {"type": "kubelet"}}}),
+            StaticClusterView(nodes={NODE: {"labels": {}, "kubeletVersion": "v1.34.2-eks-1a2b3c"}}),
+            None,
+            False,
+            id="the kubelet version source asks the cluster",
+        ),
+        pytest.param(
+            make_policy(
+                drivers={
+                    EBS: {
+                        "minVersion": "v1.35.0",
+                        "versionSource": {
+                            "type": "pod", "namespace": "kube-system",
+                            "selector": {"matchLabels": {"app": "ebs-csi-node"}}, "container": "ebs-plugin",
+                        },
+                    }
+                }
+            ),
+            StaticClusterView(driver_versions={NODE: {EBS: "v1.40.0"}}),
+            None,
+            True,
+            id="the pod version source asks the cluster",
+        ),
+    ],
+)
+def test_the_driver_version_comes_from_the_configured_source(
+    policy: Policy, cluster: StaticClusterView | None, new: dict[str, Any] | None, allowed: bool
+) -> None:
+    old = stored(25)
+    put = kubelet_update(new if new is not None else old, EBS, 26)
+
+    assert judge(old, put, policy=policy, cluster=cluster).body["allowed"] is allowed
+
+
+def test_change_rate_waits_for_the_drivers_update_period() -> None:
+    old = stored(25, state=history(25, ago=120))
+    cluster = StaticClusterView(driver_periods={EBS: 300.0})
+
+    judged = judge(old, kubelet_update(old, EBS, 26), cluster=cluster)
+
+    assert judged.lines == [
+        message_line("change-rate", 25, 26, "2m after the last accepted change; the minimum is 5m", RATE_HOW)
+    ]
+
+
+# -- real input ----------------------------------------------------------------------------------------------------
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.mark.parametrize(
+    ("name", "decision", "rules"),
+    [
+        pytest.param("review-register.json", "allow", [], id="kubelet registers EBS"),
+        pytest.param("review-eni-25-to-23.json", "allow", [], id="network interfaces take two slots"),
+        pytest.param("review-report-39.json", "clamp", ["count-ceiling"], id="a report above the ceiling"),
+        pytest.param("review-unbounded.json", "clamp", ["count-ceiling"], id="an unbounded report"),
+        pytest.param("review-drop-to-zero.json", "warn", ["count-rollback"], id="a drop to zero"),
+        pytest.param("review-other-node.json", "deny", ["writer-identity"], id="another node's kubelet"),
+    ],
+)
+def test_recorded_apiserver_reviews_under_the_bundled_policy(name: str, decision: str, rules: list[str]) -> None:
+    path = DATA / name
+    if not path.exists():
+        pytest.skip(f"{name} is not in tests/data")
+    request = parse_review(path.read_bytes())
+
+    result = evaluate(request, load_policy(), UnknownClusterView(), T0, KEYS)
+
+    assert result.decision.value == decision
+    assert result.fired_rules == rules
+
+
+def test_explain_gives_one_line_per_rule_outcome() -> None:
+    old = stored(25)
+    judged = judge(old, kubelet_update(old, EBS, 39))
+
+    lines = explain(judged.decision)
+
+    assert len(lines) == 5
+    assert lines[0] == "writer-identity  ebs.csi.aws.com: pass - written by the node's own kubelet"
+    assert lines[2].startswith("count-ceiling    ebs.csi.aws.com: violation (clamp -> clamp) - [count-ceiling]")
