@@ -6,8 +6,8 @@ import copy
 from typing import Any
 
 import pytest
-
 from kube import EBS, NODE, base_csinode, driver_entry, kubelet_update
+
 from webhook.csinode import (
     INT32_MAX,
     ChangeKind,

@@ -56,7 +56,9 @@ def cluster_policy(tmp_path: Path) -> Path:
     return path
 
 
-def mutate_then_store(server: RunningServer, stored: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def mutate_then_store(
+    server: RunningServer, stored: dict[str, Any], new: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
     answer = json.loads(server.post("/mutate", review(stored, new)).data)
     if not answer["response"]["allowed"]:
         return stored, answer["response"]

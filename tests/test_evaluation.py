@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kube import (
     EBS,
     KUBELET,
@@ -31,6 +30,7 @@ from kube import (
     review,
     with_annotation,
 )
+
 from webhook.budget import IncreaseBudget
 from webhook.cluster import AttachError, StaticClusterView, UnknownClusterView
 from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate, explain, response_summary
@@ -98,7 +98,8 @@ POLICY_DOC: dict[str, Any] = {
 def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(dict(base))
     for key, value in over.items():
-        out[key] = merged(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else value
+        nested = isinstance(value, Mapping) and isinstance(out.get(key), Mapping)
+        out[key] = merged(out[key], value) if nested else value
     return out
 
 
@@ -125,7 +126,7 @@ def signed(obj: dict[str, Any], state: GuardState | None) -> dict[str, Any]:
 
 
 def stored(
-    count: int | None = 25, *, state: GuardState | None | str = "recent", version: str | None = "v1.37.0"
+    count: int | None = 25, *, state: GuardState | str | None = "recent", version: str | None = "v1.37.0"
 ) -> dict[str, Any]:
     """The stored CSINode: EFS then EBS at ``count`` (kubelet appended it), the driver version, a signed state."""
     obj = kubelet_update(base_csinode(), EBS, count)
@@ -378,17 +379,27 @@ def test_a_put_that_changes_no_count_is_allowed_without_a_patch() -> None:
     }
 
 
-def test_an_update_without_old_object_is_refused_with_code_400() -> None:
-    judged = judge(None, kubelet_update(stored(), EBS, 23))
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        pytest.param(
+            None,
+            kubelet_update(stored(), EBS, 23),
+            "UPDATE of a CSINode without oldObject: csinode-guard cannot tell what changed",
+            id="no oldObject",
+        ),
+        pytest.param(stored(), None, "UPDATE of a CSINode without object", id="no object"),
+    ],
+)
+def test_an_update_without_both_objects_is_refused_with_code_400(
+    old: dict[str, Any] | None, new: dict[str, Any] | None, message: str
+) -> None:
+    judged = judge(old, new)
 
     assert judged.body == {
         "uid": REQUEST_UID,
         "allowed": False,
-        "status": {
-            "code": 400,
-            "reason": "BadRequest",
-            "message": "UPDATE of a CSINode without oldObject: csinode-guard cannot tell what changed",
-        },
+        "status": {"code": 400, "reason": "BadRequest", "message": message},
         "auditAnnotations": {"decision": "invalid"},
     }
     assert judged.decision.decision is Decision.INVALID
@@ -982,10 +993,13 @@ def test_a_justification_kubelet_keeps_on_its_put_is_not_judged_again() -> None:
 
 
 def test_a_justification_lets_another_writer_change_the_count() -> None:
-    old = signed(stored(25, state=None), GuardState(uid=UID, entries=history().entries, approvals=(approval(30, 30),)))
+    old = signed(stored(25, state=None), GuardState(uid=UID, entries=history().entries, approvals=(approval(20, 26),)))
 
-    assert judge(old, kubelet_update(old, EBS, 30), user=STRANGER).body["allowed"] is True
-    assert judge(old, kubelet_update(old, EBS, 29), user=STRANGER).body["allowed"] is False
+    justified = judge(old, kubelet_update(old, EBS, 26), user=STRANGER)
+
+    assert set(justified.body) == {"uid", "allowed", "patchType", "patch", "auditAnnotations"}
+    assert justified.body["auditAnnotations"] == {"decision": "allow", "policy": POLICY.hash}
+    assert judge(old, kubelet_update(old, EBS, 27), user=STRANGER).body["allowed"] is False
 
 
 def test_an_approver_may_justify_and_change_in_one_request() -> None:
@@ -1045,7 +1059,7 @@ def test_a_recorded_approval_expires() -> None:
 
 def test_a_malformed_justification_from_a_justifier_is_refused_with_code_400() -> None:
     old = stored(25)
-    value = json.dumps([{"driver": EBS, "reason": " ", "minCount": 0, "maxCount": 0, "expires": "2026-12-01T00:00:00Z"}])
+    value = json.dumps([{"driver": EBS, "reason": " ", "minCount": 0, "maxCount": 0, "expires": "2026-12-01"}])
 
     judged = judge(old, with_annotation(old, JUSTIFICATION, value), user=APPROVER)
 

@@ -676,7 +676,9 @@ PRINCIPALS = Principals(
     [
         pytest.param("alice", (), True, id="a listed user"),
         pytest.param("bob", ("system:authenticated", "csinode-guard:approvers"), True, id="a member of a listed group"),
-        pytest.param("system:serviceaccount:kube-system:csi-limits-controller", (), True, id="a listed service account"),
+        pytest.param(
+            "system:serviceaccount:kube-system:csi-limits-controller", (), True, id="a listed service account"
+        ),
         pytest.param("system:serviceaccount:default:csi-limits-controller", (), False,
                      id="a service account of the same name in another namespace"),
         pytest.param("bob", ("system:authenticated",), False, id="anyone else"),

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
 from kube import EBS, KUBELET, NODE, NODE_GROUPS, base_csinode, kubelet_update, review
+
 from webhook.review import (
     API_VERSION,
     KIND,

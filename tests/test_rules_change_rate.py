@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-
 from kube import EBS, KUBELET, NODE, NODE_GROUPS
+
 from webhook.csinode import CountChange
 from webhook.policy import EnforcementAction, Policy, parse_policy
 from webhook.rules import change_rate

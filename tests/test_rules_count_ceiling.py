@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-
 from kube import EBS, KUBELET, NODE, NODE_GROUPS
+
 from webhook.csinode import INT32_MAX, CountChange
 from webhook.policy import EnforcementAction, Policy, parse_policy
 from webhook.rules import count_ceiling
