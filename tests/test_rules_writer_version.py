@@ -112,8 +112,13 @@ def test_a_version_below_min_version_is_a_violation(
     ]
 
 
-def test_a_vendor_build_of_min_version_itself_sorts_below_it() -> None:
+def test_a_vendor_build_of_min_version_itself_meets_it() -> None:
     found = writer_version.check(context(version="v1.30.0-eks-1a2b3c"))
+    assert found == []
+
+
+def test_a_release_candidate_of_min_version_sorts_below_it() -> None:
+    found = writer_version.check(context(version="v1.30.0-rc.1"))
     assert rules_and_actions(found) == [("writer-version", DENY, False)]
 
 

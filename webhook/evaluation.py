@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -125,6 +125,7 @@ class _Finding:
     change: CountChange | None
     violation: Violation
     effective: EnforcementAction
+    outcome: int = -1  # index of its RuleOutcome
 
 
 def _line(node: str, change: CountChange | None, v: Violation, suffix: str = "") -> str:
@@ -332,13 +333,16 @@ class _Evaluation:
         action = v.action
         if not self.in_scope or self.exempt:
             return EnforcementAction.DRYRUN
+        if action is EnforcementAction.CLAMP and v.clamp_to is None and change is not None and not change.is_increase:
+            # Nothing to clamp to, and a lower count is the safe direction: say so, do not block.
+            return EnforcementAction.WARN
         if action is EnforcementAction.CLAMP and (self.mode is Mode.VALIDATE or v.clamp_to is None):
             return EnforcementAction.DENY
         return action
 
     def _add(self, change: CountChange | None, v: Violation) -> None:
         effective = self._effective(v, change)
-        self.findings.append(_Finding(change, v, effective))
+        self.findings.append(_Finding(change, v, effective, len(self.outcomes)))
         suffix = ""
         if effective is EnforcementAction.CLAMP:
             suffix = f" (clamped to {format_count(v.clamp_to)})"
@@ -454,6 +458,29 @@ class _Evaluation:
                     clamp_to=c.old,
                 ),
             )
+
+    def _settle_moot_denials(self, finals: Mapping[str, int | None]) -> None:
+        """A denial that only forbids any rise (change-rate, a freeze) is moot when clamps already keep the old
+        count: the write then becomes a clamp that changes nothing — one request per period instead of kubelet's
+        four retries of a denial (DESIGN.md, write amplification)."""
+        if self.mode is not Mode.MUTATE:
+            return
+        for i, f in enumerate(self.findings):
+            c = f.change
+            if (
+                c is not None
+                and f.effective is EnforcementAction.DENY
+                and c.old is not None
+                and f.violation.clamp_to == c.old
+                and finals[c.driver] == c.old
+                and c.new != c.old
+            ):
+                self.findings[i] = _Finding(c, f.violation, EnforcementAction.CLAMP, f.outcome)
+                self.outcomes[f.outcome] = replace(
+                    self.outcomes[f.outcome],
+                    effective=EnforcementAction.CLAMP,
+                    message=_line(self.node, c, f.violation, f" (clamped to {format_count(c.old)})"),
+                )
 
     def _freezes(self, f: _Finding) -> bool:
         """A version rollback freezes increases unless its finding only ran as a dry run."""
@@ -611,6 +638,7 @@ class _Evaluation:
         if self.mode is Mode.VALIDATE:
             self._check_integrity(changes)
         finals = self._finals(changes)
+        self._settle_moot_denials(finals)
         if not any(f.effective is EnforcementAction.DENY for f in self.findings):
             self._check_budget(finals, changes)
             finals = self._finals(changes)

@@ -1,8 +1,13 @@
 """Driver and kubelet version comparison, as Kubernetes and CSI drivers tag versions.
 
-``v1.37.0``, ``1.37``, ``v1.34.2-eks-1a2b3c`` all parse: a leading ``v`` is dropped, missing minor/patch are 0,
-and what follows ``-`` is a semver pre-release, as k8s.io/apimachinery/pkg/util/version ParseSemantic treats it
-(so ``v1.34.2-eks-1a2b3c`` sorts below ``v1.34.2`` and above ``v1.34.1``). Build metadata (``+...``) is ignored.
+``v1.37.0``, ``1.37``, ``v1.34.2-eks-1a2b3c`` all parse: a leading ``v`` is dropped, missing minor/patch are 0.
+
+What follows ``-`` is one of two things. A real pre-release (``-alpha.1``, ``-beta.2``, ``-rc.1``, ``-pre``,
+``-dev``) sorts below its release, as SemVer and k8s.io/apimachinery/pkg/util/version do. A vendor build suffix
+(``-eks-1a2b3c`` on EKS kubelets, ``-eksbuild.1`` on EKS add-ons, ``-gke.1200`` on GKE) is a build *of* that
+release: it compares equal to the release and to other builds of it. Strict SemVer would put
+``v1.37.0-eksbuild.1`` below ``minVersion: v1.37.0`` and call a new EKS build with a lower hash a version
+rollback, both false alarms that would freeze counts. Build metadata (``+...``) is ignored.
 """
 
 from __future__ import annotations
@@ -23,9 +28,21 @@ def parse_version(text: str) -> semver.Version:
     if raw[:1] in ("v", "V"):
         raw = raw[1:]
     try:
-        return semver.Version.parse(raw, optional_minor_and_patch=True).replace(build=None)
+        parsed = semver.Version.parse(raw, optional_minor_and_patch=True).replace(build=None)
     except (ValueError, TypeError) as exc:
         raise VersionError(f"not a semantic version: {text!r}") from exc
+    if parsed.prerelease and not is_prerelease_tag(parsed.prerelease):
+        return parsed.replace(prerelease=None)
+    return parsed
+
+
+PRERELEASE_TAGS = ("alpha", "beta", "rc", "pre", "dev", "snapshot")
+
+
+def is_prerelease_tag(prerelease: str) -> bool:
+    """True when a ``-suffix`` is a real pre-release (alpha, beta, rc, pre, dev, snapshot), not a vendor build."""
+    first = prerelease.lower().replace("-", ".").split(".", 1)[0]
+    return first.startswith(PRERELEASE_TAGS)
 
 
 def compare_versions(a: str, b: str) -> int:

@@ -10,7 +10,6 @@ The parse functions are pure: a decoded object (``dict``) in, a record or None o
 
 from __future__ import annotations
 
-import functools
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 import semver
 
+from webhook import versions
 from webhook.cluster import AttachError, PodVersionSource
 
 _intern = sys.intern
@@ -208,18 +208,15 @@ def image_tag(image: str) -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=4096)
 def parse_version(text: str) -> semver.Version | None:
-    """A version string as :class:`semver.Version`, or None when it is not one.
+    """A version string as :class:`semver.Version` (``webhook.versions`` rules), or None when it is not one.
 
-    A leading ``v`` is dropped and minor and patch may be missing (``v1.37`` == ``1.37.0``). Pre-release tags
-    order below their release (``1.37.0-eksbuild.1`` < ``1.37.0``), as SemVer 2.0 §11 says. Cached: the
-    admission path calls it on every lookup.
+    Vendor build suffixes (``-eksbuild.1``) are builds of their release; real pre-releases (``-rc.1``) order
+    below it. Cached in ``webhook.versions``: the admission path calls it on every lookup.
     """
-    candidate = text[1:] if text[:1] in ("v", "V") else text
     try:
-        return semver.Version.parse(candidate, optional_minor_and_patch=True)
-    except (ValueError, TypeError):
+        return versions.parse_version(text)
+    except versions.VersionError:
         return None
 
 
