@@ -89,11 +89,16 @@ class RunningServer:
 
 
 def start_server(
-    tmp: Path, *extra: str, env: dict[str, str] | None = None, workers: int = 2, offline: bool = True
+    tmp: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    workers: int = 2,
+    offline: bool = True,
+    cert_dir: Path | None = None,
 ) -> RunningServer:
     """Start ``python -m webhook serve`` on free ports with certs in ``tmp/certs``; wait until /healthz answers."""
     port, metrics_port = free_port(), free_port()
-    cert_dir = tmp / "certs"
+    cert_dir = cert_dir or tmp / "certs"
     audit = tmp / "audit.log"
     stderr_path = tmp / "server.stderr"
     cmd = [

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import signal
 import time
 import urllib.request
@@ -21,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import REPO, RunningServer
+from tests.conftest import REPO, SERVICE_DNS, RunningServer, start_server
 from tests.kube import (
     EBS,
     KUBELET,
@@ -32,6 +33,7 @@ from tests.kube import (
     review,
     with_annotation,
 )
+from webhook import tls
 
 VERSIONS = "csinode-guard.io/driver-versions"
 JUSTIFICATION = "csinode-guard.io/justification"
@@ -279,3 +281,30 @@ def test_sigterm_finishes_and_exits_zero(server_factory: Any) -> None:
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=30) == 0
     assert len(server.audit_records()) == 1
+
+
+def test_serves_from_read_only_secret_mounts_without_generating_anything(tmp_path: Path) -> None:
+    """As deployed: tls.crt/tls.key/ca.crt and the state key are read-only Secret files; nothing is written."""
+    secret = tmp_path / "secret"
+    paths = tls.ensure_dev_certs(secret / "certs", [SERVICE_DNS])
+    paths.ca_key.unlink()
+    (secret / "certs" / "ca-bundle.crt").unlink()
+    key_file = secret / "state-key"
+    key_file.write_text(os.urandom(32).hex() + "\n")
+    for f in [*(secret / "certs").iterdir(), key_file]:
+        f.chmod(0o400)
+    (secret / "certs").chmod(0o500)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    try:
+        server = start_server(run_dir, "--no-generate-certs", "--state-key-file", str(key_file),
+                              cert_dir=secret / "certs")
+        try:
+            stored = kubelet_update(base_csinode(), EBS, 25)
+            answer = json.loads(server.post("/mutate", review(stored, kubelet_update(stored, EBS, 23))).data)
+            assert answer["response"]["allowed"] is True
+            assert sorted(p.name for p in (secret / "certs").iterdir()) == ["ca.crt", "tls.crt", "tls.key"]
+        finally:
+            assert server.stop() == 0
+    finally:
+        (secret / "certs").chmod(0o700)

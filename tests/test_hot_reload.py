@@ -86,7 +86,7 @@ def readyz(server: RunningServer) -> dict[str, Any]:
         pool.close()
 
 
-def wait_for_generation(server: RunningServer, generation: int, policy_hash: str, timeout: float = 15) -> None:
+def wait_for_generation(server: RunningServer, generation: int, policy_hash: str, timeout: float = 30) -> None:
     """Until /readyz shows (generation, hash) several times in a row over fresh connections."""
     deadline = time.monotonic() + timeout
     streak = 0
@@ -151,15 +151,26 @@ class Load:
         self._thread.join(timeout=10)
 
 
+def audit_records(server: RunningServer) -> list[dict[str, Any]]:
+    """The audit log so far; a line being appended right now is left for the next read."""
+    records = []
+    for line in server.audit_log.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records
+
+
 def decide_39(server: RunningServer) -> tuple[str, int]:
     """(decision, policy generation) for a kubelet report of 39 (the ceiling for an unknown node is 27)."""
     old = kubelet_update(base_csinode(), EBS, 25)
     body = review(old, kubelet_update(old, EBS, 39))
     doc = json.loads(server.post("/mutate", body).data)
     annotations = doc["response"].get("auditAnnotations", {})
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        for record in reversed(server.audit_records()):
+        for record in reversed(audit_records(server)):
             if record["uid"] == body["request"]["uid"]:
                 return annotations.get("decision", ""), int(record["policyGeneration"])
         time.sleep(0.05)
@@ -195,7 +206,7 @@ def test_a_valid_policy_takes_effect_and_an_invalid_one_is_refused_while_request
         assert metric(server, "csinode_guard_policy_reloads_total", 'result="success"') >= 1
 
         volume.publish(invalid_policy_text())
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + 30
         while metric(server, "csinode_guard_policy_reloads_total", 'result="invalid"') < 1:
             assert time.monotonic() < deadline, "the invalid policy was never counted"
             time.sleep(0.1)
@@ -216,41 +227,35 @@ def test_a_valid_policy_takes_effect_and_an_invalid_one_is_refused_while_request
     assert str(volume.policy) in refused[0]
     assert "$.spec.rules.change-rate.minInterval" in refused[0]
     assert "'fast' does not match" in refused[0]
-    generations = {r["policyGeneration"] for r in server.audit_records()}
+    generations = {r["policyGeneration"] for r in audit_records(server)}
     assert generations == {1, 2, 3}
-    hashes = {r["policyGeneration"]: r["policyHash"] for r in server.audit_records()}
+    hashes = {r["policyGeneration"]: r["policyHash"] for r in audit_records(server)}
     assert hashes[1] == first["hash"] and hashes[2] == second_hash
 
 
-def test_a_policy_file_that_is_briefly_missing_keeps_the_last_good_policy(
+def test_a_missing_file_keeps_the_last_good_policy_and_a_restarted_worker_keeps_the_generation(
     reloading_server: RunningServer, volume: ConfigMapVolume
 ) -> None:
+    """A swap caught halfway changes nothing. Then gunicorn restarts a worker (timeout, crash) after a reload: it
+    loads the new policy first, yet calls it generation 2 like its sibling."""
     server = reloading_server
     before = readyz(server)["policy"]
-    (volume.root / "..data").unlink()  # a swap caught halfway: the symlink points nowhere
-    time.sleep(1.5)
+    (volume.root / "..data").unlink()  # the symlink points nowhere for a moment
+    time.sleep(1.2)
     assert readyz(server)["policy"] == before
     assert decide_39(server) == ("clamp", 1)
-    volume.publish(policy_text("denying", "deny"))
-    wait_for_generation(server, 2, _hash_of(volume.policy))
 
-
-def test_a_worker_started_after_a_reload_reports_the_same_generation_as_its_siblings(
-    reloading_server: RunningServer, volume: ConfigMapVolume
-) -> None:
-    """gunicorn restarts a worker (timeout, crash): it loads the new policy first, yet it is generation 2."""
-    server = reloading_server
     volume.publish(policy_text("denying", "deny"))
     second = _hash_of(volume.policy)
     wait_for_generation(server, 2, second)
     pids = [int(p) for p in re.findall(r"Booting worker with pid: (\d+)", server.stderr_path.read_text())]
     os.kill(pids[0], signal.SIGTERM)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30
     while len(re.findall(r"Booting worker with pid", server.stderr_path.read_text())) <= len(pids):
         assert time.monotonic() < deadline, "gunicorn did not start a new worker"
         time.sleep(0.1)
     wait_for_generation(server, 2, second)
-    assert {r["policyGeneration"] for r in server.audit_records() if r["policyHash"] == second} <= {2}
+    assert {r["policyGeneration"] for r in audit_records(server) if r["policyHash"] == second} <= {2}
 
 
 def _hash_of(path: Path) -> str:

@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any, Protocol
 
+import orjson
+
 from webhook.evaluation import AdmissionDecision, Mode
 from webhook.review import AdmissionRequest
 from webhook.state import format_time
@@ -121,6 +123,26 @@ def _plain(rule: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_ORJSON_OPTIONS = (
+    orjson.OPT_APPEND_NEWLINE
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+)
+
+
+def encode_record(record: dict[str, Any]) -> bytes:
+    """One audit line: compact JSON and a newline, UTF-8; whatever JSON cannot hold is written as ``str()``.
+
+    orjson (with everything it would render itself handed to ``str()``, as ``json.dumps(default=str)`` does);
+    ``json`` for what orjson refuses (lone surrogates, integers beyond 64 bits).
+    """
+    try:
+        return orjson.dumps(record, default=str, option=_ORJSON_OPTIONS)
+    except orjson.JSONEncodeError:
+        return (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+
+
 class AuditWriter:
     """Appends audit records as JSON lines to ``path`` (``-`` = standard output).
 
@@ -166,7 +188,7 @@ class AuditWriter:
         self._reopen_after_fork()
         written = 0
         for record in records:
-            line = (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+            line = encode_record(record)
             error = ""
             for _attempt in range(2):
                 try:

@@ -18,7 +18,7 @@ def main() -> None:
 
 
 def _register_commands() -> None:
-    from webhook.commands import audit, certs, evaluate, policy, replay, serve  # noqa: PLC0415
+    from webhook.commands import audit, certs, evaluate, policy, register, replay, restore, serve  # noqa: PLC0415
 
     main.add_command(serve.serve)
     main.add_command(evaluate.evaluate_command)
@@ -26,6 +26,9 @@ def _register_commands() -> None:
     main.add_command(policy.policy)
     main.add_command(replay.replay_command)
     main.add_command(audit.audit)
+    main.add_command(register.register)
+    main.add_command(register.unregister)
+    main.add_command(restore.restore)
 
 
 _register_commands()

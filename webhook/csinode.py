@@ -65,7 +65,7 @@ def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
     annotations: dict[str, str] = {}
     has_annotations = _is_mapping(raw_annotations)
     if has_annotations:
-        annotations = {str(k): str(v) for k, v in raw_annotations.items()}
+        annotations = {str(k): str(v) for k, v in (raw_annotations or {}).items()}
     elif raw_annotations is not None:
         raise CSINodeError(f"{where}.metadata.annotations must be an object")
     spec = obj.get("spec") or {}

@@ -9,6 +9,7 @@ Label values are bounded: endpoints, decisions, rule ids, enforcement actions, d
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 
@@ -82,13 +83,30 @@ CERT_EXPIRY = Gauge(
 )
 
 
+_children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+
+def _child(metric: Any, *values: str) -> Any:
+    """``metric.labels(*values)``, remembered: label values are bounded, and ``labels()`` costs on every call."""
+    key = (id(metric), values)
+    child = _children.get(key)
+    if child is None:
+        child = _children[key] = metric.labels(*values)
+    return child
+
+
+def count_bad_request(code: int) -> None:
+    """Count one HTTP request answered with a 4xx error."""
+    _child(BAD_REQUESTS, str(code)).inc()
+
+
 def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, seconds: float) -> None:
     """Record one answered AdmissionReview: request count, latency, rule results, state and freezes."""
-    REQUESTS.labels(endpoint, decision.decision.value, "true" if dry_run else "false").inc()
-    LATENCY.labels(endpoint).observe(seconds)
+    _child(REQUESTS, endpoint, decision.decision.value, "true" if dry_run else "false").inc()
+    _child(LATENCY, endpoint).observe(seconds)
     for o in decision.outcomes:
         effective = o.effective.value if o.effective else "none"
-        RULE_RESULTS.labels(o.rule, o.result, effective).inc()
+        _child(RULE_RESULTS, o.rule, o.result, effective).inc()
         if o.result == "violation" and o.driver is not None and o.effective in (
             EnforcementAction.DENY,
             EnforcementAction.CLAMP,

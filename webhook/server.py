@@ -8,6 +8,7 @@ with ``allowed: false``. Nothing happens at import; collaborators live in ``app.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -18,7 +19,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from flask import Flask, Response, current_app, jsonify, request
+import orjson
+from flask import Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
 from webhook import metrics
@@ -89,9 +91,22 @@ class Runtime:
         return now - opened[0] >= self.connection_max_age
 
 
-def _error(code: int, message: str) -> tuple[Response, int]:
-    metrics.BAD_REQUESTS.labels(str(code)).inc()
-    return jsonify({"error": message, "code": code}), code
+def _json(document: Any, status: int = 200) -> Response:
+    """A JSON response (orjson; ``json`` for what orjson refuses: lone surrogates, integers beyond 64 bits)."""
+    try:
+        body = orjson.dumps(document)
+    except orjson.JSONEncodeError:
+        body = json.dumps(document, separators=(",", ":")).encode()
+    return Response(body, status=status, mimetype="application/json")
+
+
+def _error(code: int, message: str) -> Response:
+    metrics.count_bad_request(code)
+    response = _json({"error": message, "code": code}, code)
+    if code == 413:
+        # The body was not read: close rather than let the server drain it to keep the connection alive.
+        response.headers["Connection"] = "close"
+    return response
 
 
 def _internal_error_decision() -> AdmissionDecision:
@@ -106,7 +121,7 @@ def _internal_error_decision() -> AdmissionDecision:
     )
 
 
-def _review(mode: Mode) -> tuple[Response, int] | Response:
+def _review(mode: Mode) -> Response:
     runtime: Runtime = current_app.extensions[EXTENSION]
     started = time.perf_counter()
     if request.mimetype != "application/json":
@@ -146,25 +161,28 @@ def _review(mode: Mode) -> tuple[Response, int] | Response:
     if runtime.observe_count is not None and mode is Mode.VALIDATE and decision.response.allowed:
         for change in decision.changes:
             runtime.observe_count(change.change.driver, change.final, decision.node)
-    response = jsonify(document)
+    response = _json(document)
     if runtime.should_close(request.environ.get("gunicorn.socket")):
         response.headers["Connection"] = "close"
     return response
 
 
 _NOOP_RESPONSE = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                  "response": {"uid": "", "allowed": True}}
+                  "response": {"uid": "", "allowed": True}, "worker": 0}
 
 
 def _noop() -> Any:
-    """The benchmark floor: the same checks and body read as /mutate, a fixed answer, no judgement."""
+    """The benchmark floor: the same checks, body read and connection handling as /mutate, no judgement."""
     runtime: Runtime = current_app.extensions[EXTENSION]
     if request.mimetype != "application/json":
         return _error(415, "Content-Type must be application/json")
     if request.content_length is not None and request.content_length > runtime.max_body_bytes:
         return _error(413, f"body is over the limit of {runtime.max_body_bytes} bytes")
     request.get_data(cache=False)
-    return jsonify(_NOOP_RESPONSE)
+    response = _json({**_NOOP_RESPONSE, "worker": os.getpid()})  # which worker answered (spread benchmark)
+    if runtime.should_close(request.environ.get("gunicorn.socket")):
+        response.headers["Connection"] = "close"
+    return response
 
 
 def _audit(
@@ -210,7 +228,7 @@ def create_app(runtime: Runtime) -> Flask:
 
     @app.get("/healthz")
     def healthz() -> Any:
-        return jsonify({"status": "ok"})
+        return _json({"status": "ok"})
 
     @app.get("/readyz")
     def readyz() -> Any:
@@ -225,7 +243,7 @@ def create_app(runtime: Runtime) -> Flask:
             "cluster": cluster_reason,
             "problems": problems,
         }
-        return jsonify(body), (200 if not problems else 503)
+        return _json(body, 200 if not problems else 503)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Any:
@@ -238,6 +256,6 @@ def create_app(runtime: Runtime) -> Flask:
     def unexpected(exc: Exception) -> Any:  # pragma: no cover - defence in depth
         log.exception("unexpected error")
         metrics.INTERNAL_ERRORS.inc()
-        return jsonify({"error": "internal error", "code": 400}), 400
+        return _json({"error": "internal error", "code": 400}, 400)
 
     return app

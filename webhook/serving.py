@@ -8,24 +8,191 @@ restart. Each worker builds its own runtime (policy store, cluster view, audit w
 lock and the Prometheus multiprocess directory are created in the master before it. SIGTERM: gunicorn stops
 accepting, lets in-flight requests finish (``graceful_timeout``) and exits 0; audit records are written
 unbuffered, so there is nothing left to flush.
+
+Slow clients: gunicorn 27's gthread worker waits for a new connection's first bytes without a thread, but then
+reads the TLS handshake, the headers and the body in a pool thread with blocking reads and no timeout, so a
+client that stalls half way would hold the thread forever. Every TLS socket is therefore a
+:class:`DeadlineSSLSocket`: the handshake and each request (headers and body) must arrive within
+``CLIENT_READ_TIMEOUT`` seconds of their start, else the connection is closed and the thread is free again.
+Writes get the same timeout. Closing a keep-alive connection: gunicorn drops the ``Connection`` header an
+application sets, so :func:`honour_connection_close` turns the app's ``Connection: close`` into gunicorn's own
+close (used for ``--connection-max-age`` and for 413 answers, whose unread body is not drained).
 """
 
 from __future__ import annotations
 
+import errno
+import gc
 import logging
 import multiprocessing
 import os
 import shutil
+import ssl
 import tempfile
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from gunicorn.app.base import BaseApplication
 
 from webhook.settings import Settings
 
 log = logging.getLogger("csinode_guard.serving")
+
+CLIENT_READ_TIMEOUT_ENV = "CSINODE_GUARD_CLIENT_READ_TIMEOUT"
+DEFAULT_CLIENT_READ_TIMEOUT = 5.0
+"""Seconds a client has for the TLS handshake, and for each request's headers and body (the apiserver sends a
+whole AdmissionReview at once and gives up after the webhook's timeoutSeconds, 5 s in deploy/)."""
+
+
+WORKER_CONNECTIONS = 512
+"""Connections per worker process (kept-alive, in flight and not yet readable); well below a 1024-fd limit."""
+FIRST_BYTES_WAIT = 0.25
+"""Seconds a pool thread waits for a new connection's first bytes before parking it in the poller."""
+
+
+def limit_first_bytes_wait() -> None:
+    """Make gthread workers park silent new connections after ``FIRST_BYTES_WAIT`` instead of 5 s.
+
+    gunicorn 27 waits for a new connection's first bytes in a pool thread (``DEFAULT_WORKER_DATA_TIMEOUT``,
+    5 s) before it hands the connection to its poller; a burst of connections that send nothing would hold
+    every thread that long. The same bound caps the drain of an unread body before a keep-alive reuse.
+    """
+    from gunicorn.workers import gthread  # noqa: PLC0415 - only where gunicorn serves
+
+    if hasattr(gthread, "DEFAULT_WORKER_DATA_TIMEOUT"):
+        gthread.DEFAULT_WORKER_DATA_TIMEOUT = FIRST_BYTES_WAIT
+
+
+def client_read_timeout() -> float:
+    """``CSINODE_GUARD_CLIENT_READ_TIMEOUT`` (seconds, > 0) or the default."""
+    raw = os.environ.get(CLIENT_READ_TIMEOUT_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return DEFAULT_CLIENT_READ_TIMEOUT
+    return value if value > 0 else DEFAULT_CLIENT_READ_TIMEOUT
+
+
+class ClientTooSlowError(ConnectionResetError):
+    """A client did not complete its TLS handshake or request in time; gunicorn drops it like a reset."""
+
+    def __init__(self, what: str, seconds: float) -> None:
+        super().__init__(errno.ECONNRESET, f"client sent no complete {what} within {seconds:g}s")
+
+
+class DeadlineSSLSocket(ssl.SSLSocket):
+    """A server TLS socket whose blocking reads share one deadline per TLS handshake and per request.
+
+    gunicorn's gthread worker calls ``setblocking(True)`` before it serves each request of a connection and
+    ``setblocking(False)`` when it parks the connection in its poller; the first request's deadline starts
+    with the handshake. Each read waits at most until the deadline (or less, when the caller set a shorter
+    timeout); past it, :class:`ClientTooSlowError` is raised. Sends wait at most ``read_timeout`` each.
+    """
+
+    read_timeout: ClassVar[float] = DEFAULT_CLIENT_READ_TIMEOUT
+    _deadline: float | None = None
+    _requested: float | None = None
+
+    def setblocking(self, flag: bool) -> None:
+        """Blocking mode starts a new request deadline; non-blocking mode (idle in the poller) clears it."""
+        if flag:
+            self._deadline = time.monotonic() + self.read_timeout
+            self._requested = None
+            super().settimeout(self.read_timeout)
+        else:
+            self._deadline = None
+            self._requested = 0.0
+            super().setblocking(False)
+
+    def settimeout(self, value: float | None) -> None:
+        """Remember the caller's timeout; reads still end at the request deadline."""
+        self._requested = value
+        super().settimeout(value)
+
+    def _arm(self, what: str) -> None:
+        if self._deadline is None:
+            return
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise self._too_slow(what)
+        super().settimeout(remaining if self._requested is None else min(self._requested, remaining))
+
+    def _too_slow(self, what: str) -> ClientTooSlowError:
+        error = ClientTooSlowError(what, self.read_timeout)
+        self._deadline = None  # one warning per stalled request; the connection is closed next
+        try:
+            peer = self.getpeername()
+        except OSError:
+            peer = "?"
+        log.warning("closing a connection from %s: %s", peer, error.strerror)
+        return error
+
+    def do_handshake(self, block: bool = False) -> None:
+        """The TLS handshake, within the deadline that starts with it."""
+        if self._deadline is None:
+            self._deadline = time.monotonic() + self.read_timeout
+        self._arm("TLS handshake")
+        try:
+            super().do_handshake(block)
+        except TimeoutError:
+            raise self._too_slow("TLS handshake") from None
+
+    def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
+        """``recv`` bounded by the request deadline."""
+        self._arm("request")
+        try:
+            return super().recv(buflen, flags)
+        except TimeoutError:
+            raise self._too_slow("request") from None
+
+    def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
+        """``recv_into`` bounded by the request deadline."""
+        self._arm("request")
+        try:
+            return super().recv_into(buffer, nbytes, flags)
+        except TimeoutError:
+            raise self._too_slow("request") from None
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        """``sendall`` that gives up after ``read_timeout`` (a client that does not read its answer)."""
+        if self._deadline is not None:
+            super().settimeout(self.read_timeout)
+        super().sendall(data, flags)
+
+
+def deadline_ssl_hook(ssl_hook: Callable[..., ssl.SSLContext]) -> Callable[..., ssl.SSLContext]:
+    """Wrap gunicorn's ``ssl_context`` hook so that every connection gets a :class:`DeadlineSSLSocket`."""
+    DeadlineSSLSocket.read_timeout = client_read_timeout()
+
+    def hook(conf: Any, default_ssl_context_factory: Callable[[], ssl.SSLContext]) -> ssl.SSLContext:
+        context = ssl_hook(conf, default_ssl_context_factory)
+        context.sslsocket_class = DeadlineSSLSocket
+        return context
+
+    return hook
+
+
+def honour_connection_close(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
+    """WSGI middleware: an app response with ``Connection: close`` makes gunicorn close the connection.
+
+    gunicorn removes hop-by-hop headers from an application's response and keeps the connection alive; its
+    own ``Response.force_close()`` (the object behind ``start_response``) closes it after this response and
+    announces ``Connection: close``.
+    """
+
+    def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            if any(name.lower() == "connection" and value.lower() == "close" for name, value in headers):
+                force_close = getattr(getattr(start_response, "__self__", None), "force_close", None)
+                if callable(force_close):
+                    force_close()
+            return start_response(status, headers, exc_info)
+
+        return app(environ, start)
+
+    return wsgi
 
 
 def prepare_metrics_dir() -> str:
@@ -58,14 +225,23 @@ class GuardApplication(BaseApplication):  # type: ignore[misc]
             self.cfg.set(key, value)
 
     def load(self) -> Any:
-        """Build the WSGI app (called in each worker after the fork)."""
-        return self.app_factory()
+        """Build the WSGI app (called in each worker after the fork).
+
+        Everything built so far lives as long as the worker: ``gc.freeze()`` takes it out of the garbage
+        collector's full collections, which otherwise scan it every few hundred requests (a p99 spike).
+        """
+        app = honour_connection_close(self.app_factory())
+        gc.collect()
+        gc.freeze()
+        return app
 
 
 def gunicorn_options(settings: Settings, cert_file: Path, key_file: Path, ssl_hook: Callable[..., Any],
                      metrics_hook: Callable[[Any], None]) -> dict[str, Any]:
     """gunicorn settings for the webhook (see the module docstring for why each is set)."""
     from prometheus_client import multiprocess  # noqa: PLC0415 - after PROMETHEUS_MULTIPROC_DIR is set
+
+    limit_first_bytes_wait()
 
     def child_exit(_server: Any, worker: Any) -> None:
         multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]
@@ -75,13 +251,15 @@ def gunicorn_options(settings: Settings, cert_file: Path, key_file: Path, ssl_ho
         "workers": settings.workers,
         "worker_class": "gthread",
         "threads": settings.threads,
-        "worker_connections": max(64, settings.threads * 8),
+        # Connections that have sent nothing yet wait in the worker's poller and only hold a slot here (until
+        # the keep-alive timeout): many of them must not stop a worker from accepting the apiserver's.
+        "worker_connections": max(WORKER_CONNECTIONS, settings.threads * 8),
         "keepalive": max(1, round(settings.keepalive)),
         "timeout": max(1, round(settings.request_timeout)),
         "graceful_timeout": 20,
         "certfile": str(cert_file),
         "keyfile": str(key_file),
-        "ssl_context": ssl_hook,
+        "ssl_context": deadline_ssl_hook(ssl_hook),
         "limit_request_line": 8190,
         "limit_request_fields": 100,
         "limit_request_field_size": 8190,

@@ -25,6 +25,7 @@ import base64
 import bisect
 import contextlib
 import copy
+import dataclasses
 import itertools
 import json
 import socket
@@ -87,7 +88,7 @@ class ApiError(Exception):
 @dataclass(frozen=True)
 class RecordedRequest:
     """One request as the server saw it. ``query`` keeps the last value of each parameter; ``headers`` has
-    lower-case names."""
+    lower-case names; ``body`` is the decoded body of a POST, PUT or PATCH (None until read, or without one)."""
 
     method: str
     path: str
@@ -98,6 +99,7 @@ class RecordedRequest:
     watch: bool
     time: float
     headers: Mapping[str, str] = field(default_factory=dict)
+    body: Any = None
 
 
 @dataclass
@@ -124,6 +126,7 @@ class _Failure:
     message: str
     count: int
     watch_only: bool
+    method: str | None = None
 
 
 @dataclass
@@ -618,11 +621,13 @@ class FakeApiServer:
         count: int = 1,
         watch_only: bool = False,
         message: str = "injected failure",
+        method: str | None = None,
     ) -> None:
-        """Answer the next ``count`` requests for ``resource`` (only watches with ``watch_only``) with ``code``."""
+        """Answer the next ``count`` requests for ``resource`` (only watches with ``watch_only``, only requests of
+        ``method`` such as ``"PUT"`` when given) with ``code``."""
         key = self._collection(resource).resource.key
         with self._cond:
-            self._failures.setdefault(key, []).append(_Failure(code, message, count, watch_only))
+            self._failures.setdefault(key, []).append(_Failure(code, message, count, watch_only, method))
 
     # --- observation ------------------------------------------------------------------------------------------
 
@@ -649,7 +654,15 @@ class FakeApiServer:
         with self._cond:
             self.requests.append(request)
 
-    def _gate(self, key: str, is_watch: bool) -> str | _Failure | None:
+    def _record_body(self, request: RecordedRequest, body: Any) -> None:
+        """Replace the recorded ``request`` with a copy that carries its decoded ``body``."""
+        with self._cond:
+            for index in range(len(self.requests) - 1, -1, -1):
+                if self.requests[index] is request:
+                    self.requests[index] = dataclasses.replace(request, body=copy.deepcopy(body))
+                    return
+
+    def _gate(self, key: str, is_watch: bool, method: str | None = None) -> str | _Failure | None:
         """Apply faults: "offline", a failure to answer, or None. Blocks while the resource hangs."""
         with self._cond:
             while key in self._hung and not self._stopping:
@@ -657,7 +670,11 @@ class FakeApiServer:
             if self._stopping or key in self._offline:
                 return "offline"
             for failure in self._failures.get(key, []):
-                if failure.count > 0 and (is_watch or not failure.watch_only):
+                if (
+                    failure.count > 0
+                    and (is_watch or not failure.watch_only)
+                    and (failure.method is None or failure.method == method)
+                ):
                     failure.count -= 1
                     return failure
             return None
@@ -800,6 +817,8 @@ def _truthy(value: str | None) -> bool:
 class _Handler(BaseHTTPRequestHandler):
     api: FakeApiServer
     protocol_version = "HTTP/1.1"
+    _recorded: RecordedRequest | None = None  # the request being served (its body is attached once read)
+    _body_consumed = False
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -848,17 +867,21 @@ class _Handler(BaseHTTPRequestHandler):
     def _read_body(self) -> Any:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length) if length else b""
+        self._body_consumed = True
         if not raw:
             return None
         try:
-            return json.loads(raw)
+            body = json.loads(raw)
         except ValueError:
             try:
                 import yaml  # noqa: PLC0415 - only for apply-patch+yaml bodies
 
-                return yaml.safe_load(raw)
+                body = yaml.safe_load(raw)
             except Exception as exc:
                 raise ApiError(400, f"cannot decode body: {exc}") from exc
+        if self._recorded is not None:
+            self.api._record_body(self._recorded, body)
+        return body
 
     def _dispatch(self, method: str) -> None:
         url = urlsplit(self.path)
@@ -867,19 +890,19 @@ class _Handler(BaseHTTPRequestHandler):
         route = api._route(url.path)
         is_watch = method == "GET" and _truthy(query.get("watch"))
         collection, namespace, name, _subresource = route if route else (None, None, None, None)
-        api._record(
-            RecordedRequest(
-                method=method,
-                path=url.path,
-                query=query,
-                resource=collection.resource.key if collection else None,
-                namespace=namespace,
-                name=name,
-                watch=is_watch,
-                time=time.monotonic(),
-                headers={k.lower(): v for k, v in self.headers.items()},
-            )
+        self._body_consumed = False
+        self._recorded = RecordedRequest(
+            method=method,
+            path=url.path,
+            query=query,
+            resource=collection.resource.key if collection else None,
+            namespace=namespace,
+            name=name,
+            watch=is_watch,
+            time=time.monotonic(),
+            headers={k.lower(): v for k, v in self.headers.items()},
         )
+        api._record(self._recorded)
         try:
             if api.token and self.headers.get("Authorization") != f"Bearer {api.token}":
                 raise ApiError(401, "Unauthorized")
@@ -889,7 +912,7 @@ class _Handler(BaseHTTPRequestHandler):
                     raise ApiError(404, "the server could not find the requested resource")
                 self._send_json(200, body)
                 return
-            gate = api._gate(collection.resource.key, is_watch)
+            gate = api._gate(collection.resource.key, is_watch, method)
             if gate == "offline":
                 self._abort()
                 return
@@ -946,6 +969,13 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 raise ApiError(405, f"{method} is not supported on {url.path}")
         except ApiError as exc:
+            if not self._body_consumed:
+                # A request answered before its body was read (auth, injected failure): drain the body, or the
+                # next request on this keep-alive connection would start inside it.
+                length = int(self.headers.get("Content-Length") or 0)
+                if length:
+                    self.rfile.read(length)
+                self._body_consumed = True
             self._send_json(exc.code, exc.status)
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True

@@ -17,6 +17,7 @@ NAMESPACE = "csinode-guard"
 LABEL = {"app.kubernetes.io/name": NAME}
 SERVE_ARGS = [
     "serve",
+    "--no-generate-certs",
     "--cert-dir",
     "/etc/csinode-guard/certs",
     "--policy",

@@ -1,0 +1,239 @@
+"""``csinode-guard audit summary|query|timeline`` over the guard's own audit log, rotated and gzipped.
+
+The log is written the way the server writes it: each write goes through /mutate, its patch and /validate
+(``webhook.chain``), and ``webhook.audit.build_records`` makes the records of both endpoints.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from tests.kube import EBS, KUBELET, NODE, NODE_GROUPS, base_csinode, kubelet_update, with_annotation
+from webhook.audit import build_records
+from webhook.auditlog import ReadStats, RecordFilter, expand_rotated, parse_when, query, read_records
+from webhook.chain import admit_write
+from webhook.cluster import AttachError, StaticClusterView
+from webhook.evaluation import Mode
+from webhook.policy import load_policy
+from webhook.state import StateKeys
+
+T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
+VERSIONS = "csinode-guard.io/driver-versions"
+OTHER = "ip-10-0-4-17.ec2.internal"
+GKE = "gke-prod-pool-1-a1b2c3d4-x9k2"
+PD = "pd.csi.storage.gke.io"
+
+
+def guard_log() -> list[dict[str, Any]]:
+    """Audit records of an incident on NODE (freeze, denials, a correction) plus a clamp elsewhere and a dry run."""
+    policy = load_policy()
+    keys = StateKeys([b"k" * 32])
+    cluster = StaticClusterView(nodes={GKE: {"labels": {"node.kubernetes.io/instance-type": "n2-standard-8"}}})
+    records: list[dict[str, Any]] = []
+    stored: dict[str, dict[str, Any]] = {}
+
+    def write(node: str, new: dict[str, Any], minutes: float, user: str = KUBELET,
+              groups: tuple[str, ...] = tuple(NODE_GROUPS), dry_run: bool = False) -> None:
+        now = T0 + timedelta(minutes=minutes)
+        outcome = admit_write(stored[node], new, policy=policy, cluster=cluster, keys=keys, now=now,
+                              uid=f"uid-{len(records)}", username=user, groups=groups, dry_run=dry_run)
+        for mode, decision in ((Mode.MUTATE, outcome.mutate), (Mode.VALIDATE, outcome.validate)):
+            if decision is not None and outcome.request is not None:
+                records.extend(build_records(decision, outcome.request, endpoint=mode, now=now,
+                                             policy_hash=policy.hash, policy_generation=1,
+                                             latency_seconds=0.0012))
+        assert outcome.stored is not None
+        stored[node] = outcome.stored
+
+    def renamed(obj: dict[str, Any], name: str) -> dict[str, Any]:
+        out = json.loads(json.dumps(obj))
+        out["metadata"]["name"] = name
+        out["metadata"]["uid"] = f"uid-of-{name}"
+        return out
+
+    stored[NODE] = with_annotation(kubelet_update(base_csinode(), EBS, 25), VERSIONS, json.dumps({EBS: "v1.37.0"}))
+    stored[OTHER] = renamed(kubelet_update(base_csinode(), EBS, 25), OTHER)
+    stored[GKE] = renamed(kubelet_update(base_csinode(), PD, 20), GKE)
+    write(NODE, kubelet_update(stored[NODE], EBS, 24), 0)
+    rolled_back = with_annotation(stored[NODE], VERSIONS, json.dumps({EBS: "v1.34.0"}))
+    write(NODE, kubelet_update(rolled_back, EBS, 22), 5)  # warn + freeze
+    write(NODE, kubelet_update(stored[NODE], EBS, 23), 10)  # deny: frozen
+    cluster.attach_error_list[(NODE, EBS)] = [AttachError(8, T0 + timedelta(minutes=14), "csi-1")]
+    write(NODE, kubelet_update(stored[NODE], EBS, 20), 15)  # correction
+    write(NODE, kubelet_update(stored[NODE], EBS, 39), 20)  # deny
+    write(OTHER, kubelet_update(stored[OTHER], EBS, 39), 21,
+          user=f"system:node:{OTHER}")  # clamp to 27
+    write(GKE, kubelet_update(stored[GKE], PD, 30), 22, user=f"system:node:{GKE}")  # allow
+    write(NODE, kubelet_update(stored[NODE], EBS, 128), 30, user="kubernetes-admin",
+          groups=("system:authenticated",), dry_run=True)  # deny, dry run
+    return records
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict[str, Any]]:
+    return guard_log()
+
+
+@pytest.fixture
+def rotated(tmp_path: Path, records: list[dict[str, Any]]) -> Path:
+    """audit.log.2.gz (oldest), audit.log.1 (as container logs: CRI prefix), audit.log (newest, with noise)."""
+    lines = [json.dumps(r, separators=(",", ":")) for r in records]
+    third = len(lines) // 3
+    with gzip.open(tmp_path / "audit.log.2.gz", "wt") as f:
+        f.write("\n".join(lines[:third]) + "\n")
+    (tmp_path / "audit.log.1").write_text(
+        "".join(f"2026-11-30T02:10:00.123456789Z stdout F {line}\n" for line in lines[third: 2 * third]))
+    noise = [
+        '{"time": "2026-11-30 02:20:01,000", "level": "INFO", "logger": "csinode_guard.policy", "message": "x"}',
+        "Traceback (most recent call last):",
+    ]
+    (tmp_path / "audit.log").write_text("\n".join(lines[2 * third:] + noise) + "\n")
+    (tmp_path / "unrelated.log").write_text("not part of the rotation\n")
+    return tmp_path / "audit.log"
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "webhook", "audit", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, check=False, env=env)
+
+
+def test_summary_over_rotated_and_gzipped_files(rotated: Path, records: list[dict[str, Any]]) -> None:
+    result = cli("summary", str(rotated), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    s = json.loads(result.stdout)
+    assert s["records"] == len(records)
+    assert [Path(f).name for f in s["files"]] == ["audit.log", "audit.log.1", "audit.log.2.gz"]
+    assert s["skippedLines"] == 2
+    assert s["byEndpoint"]["mutate"] == {"allow": 3, "clamp": 1, "deny": 3, "warn": 1}
+    assert s["rules"]["count-rollback"] == {"deny": 3}
+    assert s["rules"]["writer-version"] == {"warn": 1}
+    assert s["frozen"] == 1
+    assert s["corrections"] == {"resource-exhausted": 1}
+    assert s["dryRun"] == 1
+    assert s["topNodes"][0]["name"] == NODE
+    assert s["policies"] == [{"hash": load_policy().hash, "generations": [1], "records": len(records),
+                              "first": "2026-11-30T02:00:00.000Z", "last": "2026-11-30T02:30:00.000Z"}]
+    assert s["latencyMs"]["max"] == 1.2
+    assert "2 line(s) skipped" in result.stderr
+
+
+def test_summary_text_and_no_rotated(rotated: Path, records: list[dict[str, Any]]) -> None:
+    result = cli("summary", str(rotated))
+    assert result.returncode == 0
+    assert result.stdout.startswith(f"{len(records)} records from 2026-11-30T02:00:00.000Z to 2026-11-30T02:30:00")
+    assert "count-rollback        3  (deny 3)" in result.stdout
+    assert "freezes 1; corrections resource-exhausted 1" in result.stdout
+    only_newest = json.loads(cli("summary", str(rotated), "--no-rotated", "--format", "json").stdout)
+    assert 0 < only_newest["records"] < len(records) // 2
+
+
+@pytest.mark.parametrize(
+    ("args", "check"),
+    [
+        pytest.param(["--decision", "deny", "--endpoint", "mutate"],
+                     lambda r: r["decision"] == "deny" and r["endpoint"] == "mutate", id="decision and endpoint"),
+        pytest.param(["--rule", "count-ceiling"],
+                     lambda r: any(x["rule"] == "count-ceiling" and x["result"] == "violation" for x in r["rules"]),
+                     id="rule that found a violation"),
+        pytest.param(["--node", "ip-10-0-4-*"], lambda r: r["node"] == OTHER, id="node glob"),
+        pytest.param(["--driver", PD], lambda r: r["driver"] == PD, id="driver"),
+        pytest.param(["--user", "kubernetes-admin", "--dry-run"],
+                     lambda r: r["user"] == "kubernetes-admin" and r["dryRun"], id="user and dry run"),
+        pytest.param(["--no-dry-run", "--decision", "warn"], lambda r: r["decision"] == "warn" and not r["dryRun"],
+                     id="no dry run"),
+        pytest.param(["--since", "2026-11-30T02:10:00Z", "--until", "2026-11-30T02:16:00Z"],
+                     lambda r: "2026-11-30T02:10" <= r["time"] < "2026-11-30T02:16", id="time window"),
+    ],
+)
+def test_query_filters(rotated: Path, records: list[dict[str, Any]], args: list[str], check: Any) -> None:
+    flt = RecordFilter(
+        since=parse_when(args[args.index("--since") + 1], T0) if "--since" in args else None,
+        until=parse_when(args[args.index("--until") + 1], T0) if "--until" in args else None,
+        nodes=tuple(a for i, a in enumerate(args) if i and args[i - 1] == "--node"),
+        drivers=tuple(a for i, a in enumerate(args) if i and args[i - 1] == "--driver"),
+        rules=tuple(a for i, a in enumerate(args) if i and args[i - 1] == "--rule"),
+        decisions=tuple(a for i, a in enumerate(args) if i and args[i - 1] == "--decision"),
+        users=tuple(a for i, a in enumerate(args) if i and args[i - 1] == "--user"),
+        dry_run=True if "--dry-run" in args else False if "--no-dry-run" in args else None,
+        endpoint=args[args.index("--endpoint") + 1] if "--endpoint" in args else None,
+    )
+    stats = ReadStats()
+    found = [r.data for r in query(read_records([rotated], stats), flt)]
+    assert found
+    assert all(check(r) for r in found)
+    assert len(found) == sum(1 for r in records if check(r))
+    assert [r["time"] for r in found] == sorted(r["time"] for r in found)
+    assert stats.records == len(records) and stats.skipped == 2
+
+
+def test_query_command_combines_filters(rotated: Path) -> None:
+    result = cli("query", str(rotated), "--format", "json", "--decision", "deny", "--endpoint", "mutate",
+                 "--node", "ip-10-0-1-*", "--driver", EBS, "--rule", "count-rollback", "--no-dry-run",
+                 "--since", "2026-11-30T02:09:00Z", "--until", "2026-11-30T02:25:00Z", "--user", "system:node:*")
+    assert result.returncode == 0, result.stderr
+    found = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [(r["time"], r["old"], r["new"], r["final"]) for r in found] == [
+        ("2026-11-30T02:10:00.000Z", 22, 23, 22), ("2026-11-30T02:20:00.000Z", 20, 39, 20)]
+
+
+def test_query_table_limit_and_no_match(rotated: Path) -> None:
+    result = cli("query", str(rotated), "--decision", "clamp", "--limit", "1")
+    assert result.returncode == 0
+    header, row = result.stdout.splitlines()
+    assert header.split()[:3] == ["TIME", "ENDPOINT", "NODE"]
+    assert row.startswith("2026-11-30T02:21:00.000Z mutate   ip-10-0-4-17.ec2.internal")
+    assert "25 -> 39" in row and " 27 " in row and "count-ceiling" in row
+    none = cli("query", str(rotated), "--node", "no-such-node")
+    assert none.returncode == 1 and "no matching records" in none.stderr
+
+
+def test_timeline_picture(rotated: Path, tmp_path: Path) -> None:
+    out = tmp_path / "timeline.png"
+    result = cli("timeline", str(rotated), "--node", NODE, "--driver", EBS, "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    assert result.stdout.strip() == f"{out}: 6 writes (allow 2, deny 3, warn 1), 1 freeze(s)"
+    missing = cli("timeline", str(rotated), "--node", "nope", "--driver", EBS, "--output", str(out))
+    assert missing.returncode == 1 and "no records for node 'nope'" in missing.stderr
+
+
+def test_timeline_without_matplotlib_says_how_to_install_it(rotated: Path, tmp_path: Path) -> None:
+    blocker = tmp_path / "blocked"
+    (blocker / "matplotlib").mkdir(parents=True)
+    (blocker / "matplotlib" / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(blocker), str(REPO)]))
+    result = cli("timeline", str(rotated), "--node", NODE, "--driver", EBS, "--output", str(tmp_path / "t.png"),
+                 env=env)
+    assert result.returncode == 1
+    assert "needs matplotlib" in result.stderr and "pip install 'csinode-guard[timeline]'" in result.stderr
+    assert not (tmp_path / "t.png").exists()
+
+
+def test_rotated_siblings(tmp_path: Path) -> None:
+    for name in ["audit.log", "audit.log.1", "audit.log.2.gz", "audit.log-20261129.gz", "audit.log.bak",
+                 "audit.logger", "audit-2026.log"]:
+        (tmp_path / name).write_text("")
+    found = [p.name for p in expand_rotated([tmp_path / "audit.log"])]
+    assert found == ["audit.log", "audit.log-20261129.gz", "audit.log.1", "audit.log.2.gz"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param("2h", datetime(2026, 11, 30, 10, 0, tzinfo=UTC), id="a duration is back from now"),
+        pytest.param("2026-11-29", datetime(2026, 11, 29, tzinfo=UTC), id="a date is its midnight UTC"),
+        pytest.param("2026-11-30T02:00:00+01:00", datetime(2026, 11, 30, 1, 0, tzinfo=UTC), id="an offset"),
+    ],
+)
+def test_times_for_since_and_until(text: str, expected: datetime) -> None:
+    assert parse_when(text, datetime(2026, 11, 30, 12, 0, tzinfo=UTC)) == expected

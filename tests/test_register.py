@@ -1,0 +1,360 @@
+"""``csinode-guard register`` / ``unregister`` as subprocesses, with the real kubernetes client, against the local
+API-wire test server (tests/apiserver)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.apiserver import FakeApiServer
+from webhook import tls
+from webhook.cli import main
+from webhook.kubeapi import parse_warnings
+from webhook.registration import WebhookTarget, build_webhook_configurations
+
+REPO = Path(__file__).resolve().parent.parent
+MUTATING = "mutatingwebhookconfigurations.admissionregistration.k8s.io"
+VALIDATING = "validatingwebhookconfigurations.admissionregistration.k8s.io"
+NAME = "csinode-guard"
+
+
+@pytest.fixture
+def apiserver() -> Iterator[FakeApiServer]:
+    with FakeApiServer() as server:
+        yield server
+
+
+@pytest.fixture
+def kubeconfig(apiserver: FakeApiServer, tmp_path: Path) -> str:
+    return apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+@pytest.fixture(scope="module")
+def module_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    cert_dir = tmp_path_factory.mktemp("certs")
+    tls.ensure_dev_certs(cert_dir)
+    return cert_dir
+
+
+@pytest.fixture
+def cert_dir(module_certs: Path, tmp_path: Path) -> Path:
+    """A copy of one generated certificate directory (CA, serving certificate, ca-bundle.crt)."""
+    target = tmp_path / "certs"
+    target.mkdir()
+    for path in module_certs.iterdir():
+        (target / path.name).write_bytes(path.read_bytes())
+    return target
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``python -m webhook ARGS`` without the caller's KUBECONFIG, in-cluster or CSINODE_GUARD_* settings."""
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("CSINODE_GUARD_") and k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
+    }
+    clean["PYTHONPATH"] = os.pathsep.join([str(REPO), clean.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    clean.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "webhook", *args],
+        cwd=cwd,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def register(cert_dir: Path, kubeconfig: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_cli("register", "--cert-dir", str(cert_dir), "--kubeconfig", kubeconfig, *extra, cwd=cert_dir.parent)
+
+
+def expected(cert_dir: Path, bundle_file: str = "ca-bundle.crt", **target: Any) -> list[dict[str, Any]]:
+    return build_webhook_configurations(WebhookTarget(ca_bundle=(cert_dir / bundle_file).read_bytes(), **target))
+
+
+def stored(apiserver: FakeApiServer) -> list[dict[str, Any]]:
+    objects = [apiserver.get(MUTATING, NAME), apiserver.get(VALIDATING, NAME)]
+    assert all(objects), objects
+    return [o for o in objects if o is not None]
+
+
+def writes(apiserver: FakeApiServer) -> list[tuple[str, str | None, str | None]]:
+    """(method, resource, dryRun) of every request that is not a GET."""
+    return [(r.method, r.resource, r.query.get("dryRun")) for r in apiserver.requests if r.method != "GET"]
+
+
+def ca_bundle(obj: dict[str, Any]) -> bytes:
+    return base64.b64decode(obj["webhooks"][0]["clientConfig"]["caBundle"])
+
+
+# --- register -------------------------------------------------------------------------------------------------
+
+
+def test_register_creates_both_configurations_with_the_cert_dirs_bundle(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    result = register(cert_dir, kubeconfig)
+
+    assert result.returncode == 0, result.stderr
+    assert f"{MUTATING}/{NAME} created" in result.stdout
+    assert f"{VALIDATING}/{NAME} created" in result.stdout
+    assert f"caBundle: 1 certificate(s) from {cert_dir / 'ca-bundle.crt'}" in result.stdout
+    objects = stored(apiserver)
+    for got, want in zip(objects, expected(cert_dir), strict=True):
+        assert got["kind"] == want["kind"]
+        assert got["webhooks"] == want["webhooks"]
+        assert got["metadata"]["labels"] == want["metadata"]["labels"]
+        assert ca_bundle(got) == (cert_dir / "ca-bundle.crt").read_bytes()
+    assert writes(apiserver) == [("POST", MUTATING, None), ("POST", VALIDATING, None)]
+    posts = [r for r in apiserver.requests if r.method == "POST"]
+    assert {r.query.get("fieldManager") for r in posts} == {"csinode-guard"}
+    assert {r.headers["user-agent"].split("/")[0] for r in apiserver.requests} == {"csinode-guard"}
+
+
+def test_a_second_register_updates_both_in_place_with_their_resource_version(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    assert register(cert_dir, kubeconfig).returncode == 0
+    first = stored(apiserver)
+    apiserver.patch(MUTATING, NAME, {"metadata": {"labels": {"team": "storage"}, "annotations": {"a": "b"}}})
+    rotated = stored(apiserver)[0]["metadata"]["resourceVersion"]
+    apiserver.requests.clear()
+    tls.rotate(cert_dir, new_ca=True)  # ca-bundle.crt now carries the new and the old CA
+
+    result = register(cert_dir, kubeconfig)
+
+    assert result.returncode == 0, result.stderr
+    assert f"{MUTATING}/{NAME} configured" in result.stdout
+    assert f"{VALIDATING}/{NAME} configured" in result.stdout
+    assert "caBundle: 2 certificate(s)" in result.stdout
+    assert writes(apiserver) == [("PUT", MUTATING, None), ("PUT", VALIDATING, None)]
+    puts = [r for r in apiserver.requests if r.method == "PUT"]
+    assert [p.body["metadata"]["resourceVersion"] for p in puts] == [
+        rotated,
+        first[1]["metadata"]["resourceVersion"],
+    ]
+    second = stored(apiserver)
+    assert [o["metadata"]["uid"] for o in second] == [o["metadata"]["uid"] for o in first]
+    assert [ca_bundle(o) for o in second] == [(cert_dir / "ca-bundle.crt").read_bytes()] * 2
+    assert [o["webhooks"] for o in second] == [o["webhooks"] for o in expected(cert_dir)]
+    assert second[0]["metadata"]["labels"] == {"app.kubernetes.io/name": "csinode-guard", "team": "storage"}
+    assert second[0]["metadata"]["annotations"] == {"a": "b"}
+
+
+def test_register_retries_when_the_configuration_changed_between_get_and_put(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    assert register(cert_dir, kubeconfig).returncode == 0
+    apiserver.fail_next(MUTATING, 409, method="PUT", message="the object has been modified")
+    apiserver.requests.clear()
+
+    result = register(cert_dir, kubeconfig)
+
+    assert result.returncode == 0, result.stderr
+    assert [(r.method, r.resource) for r in apiserver.requests if r.resource == MUTATING] == [
+        ("GET", MUTATING),
+        ("PUT", MUTATING),
+        ("GET", MUTATING),
+        ("PUT", MUTATING),
+    ]
+
+
+def test_register_falls_back_to_ca_crt(apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path) -> None:
+    (cert_dir / "ca-bundle.crt").unlink()
+
+    result = register(cert_dir, kubeconfig)
+
+    assert result.returncode == 0, result.stderr
+    assert f"from {cert_dir / 'ca.crt'}" in result.stdout
+    assert [ca_bundle(o) for o in stored(apiserver)] == [(cert_dir / "ca.crt").read_bytes()] * 2
+
+
+def test_register_dry_run_prints_the_yaml_and_contacts_no_cluster(apiserver: FakeApiServer, cert_dir: Path) -> None:
+    result = run_cli(
+        "register", "--cert-dir", str(cert_dir), "--dry-run", "--service", "guard", "--namespace", "kube-system",
+        cwd=cert_dir.parent,
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert list(yaml.safe_load_all(result.stdout)) == expected(
+        cert_dir, service_name="guard", service_namespace="kube-system"
+    )
+    assert apiserver.requests == []
+    assert apiserver.list(MUTATING) == [] and apiserver.list(VALIDATING) == []
+
+
+def test_register_with_url_and_kubeconfig_from_the_environment(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    result = run_cli(
+        "register", "--cert-dir", str(cert_dir), "--url", "https://10.0.0.5:8443",
+        cwd=cert_dir.parent, env={"KUBECONFIG": kubeconfig},
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert [o["webhooks"][0]["clientConfig"]["url"] for o in stored(apiserver)] == [
+        "https://10.0.0.5:8443/mutate",
+        "https://10.0.0.5:8443/validate",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["--url", "https://h:1", "--service", "x"], "--url replaces the Service", id="url-and-service"),
+        pytest.param(["--url", "http://h:1"], "must be https://", id="plain-http-url"),
+    ],
+)
+def test_register_rejects_contradictory_options(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path, args: list[str], message: str
+) -> None:
+    result = register(cert_dir, kubeconfig, *args)
+
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert apiserver.requests == []
+
+
+def test_register_without_certificates_says_how_to_make_them(kubeconfig: str, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+
+    result = run_cli("register", "--cert-dir", "empty", "--kubeconfig", kubeconfig, cwd=tmp_path)
+
+    assert result.returncode == 1
+    assert "neither ca-bundle.crt nor ca.crt found" in result.stderr
+    assert "csinode-guard certs generate --cert-dir empty" in result.stderr
+
+
+def test_register_with_a_bundle_that_is_not_pem_fails(kubeconfig: str, cert_dir: Path) -> None:
+    (cert_dir / "ca-bundle.crt").write_text("not a certificate\n")
+
+    result = register(cert_dir, kubeconfig)
+
+    assert result.returncode == 1
+    assert "ca-bundle.crt: not PEM certificates" in result.stderr
+
+
+def test_register_without_a_cluster_is_a_usage_error(cert_dir: Path, tmp_path: Path) -> None:
+    home = tmp_path / "home-without-kubeconfig"
+    home.mkdir()
+    result = run_cli("register", "--cert-dir", str(cert_dir), cwd=cert_dir.parent, env={"HOME": str(home)})
+
+    assert result.returncode == 2
+    assert "no cluster configured: pass --kubeconfig, set KUBECONFIG" in result.stderr
+
+
+def test_register_shows_the_api_servers_refusal(apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path) -> None:
+    message = 'mutatingwebhookconfigurations.admissionregistration.k8s.io is forbidden: User "bob" cannot create'
+    apiserver.fail_next(MUTATING, 403, method="POST", message=message)
+
+    result = register(cert_dir, kubeconfig)
+
+    assert result.returncode == 1
+    assert f"{MUTATING}/{NAME} not applied: the API server answered 403 Forbidden: {message}" in result.stderr
+    assert apiserver.list(VALIDATING) == []  # stops at the first failure
+
+
+# --- unregister -----------------------------------------------------------------------------------------------
+
+
+def test_unregister_deletes_both_and_a_second_run_is_not_an_error(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    assert register(cert_dir, kubeconfig).returncode == 0
+
+    first = run_cli("unregister", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
+    second = run_cli("unregister", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
+
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == [f"{MUTATING}/{NAME} deleted", f"{VALIDATING}/{NAME} deleted"]
+    assert apiserver.list(MUTATING) == [] and apiserver.list(VALIDATING) == []
+    assert second.returncode == 0, second.stderr
+    assert second.stdout.splitlines() == [
+        f"{MUTATING}/{NAME} not found (already removed)",
+        f"{VALIDATING}/{NAME} not found (already removed)",
+    ]
+
+
+def test_unregister_dry_run_asks_the_server_and_deletes_nothing(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    assert register(cert_dir, kubeconfig).returncode == 0
+    apiserver.requests.clear()
+
+    result = run_cli("unregister", "--dry-run", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
+
+    assert result.returncode == 0, result.stderr
+    assert "would be deleted (server dry run)" in result.stdout
+    assert writes(apiserver) == [("DELETE", MUTATING, "All"), ("DELETE", VALIDATING, "All")]
+    assert len(stored(apiserver)) == 2
+
+
+def test_unregister_deletes_the_other_configuration_when_one_deletion_is_refused(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    assert register(cert_dir, kubeconfig).returncode == 0
+    apiserver.fail_next(MUTATING, 403, method="DELETE", message="forbidden: cannot delete")
+
+    result = run_cli("unregister", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
+
+    assert result.returncode == 1
+    assert f"{MUTATING}/{NAME} not deleted: the API server answered 403 Forbidden: forbidden: cannot delete" in (
+        result.stderr
+    )
+    assert f"{VALIDATING}/{NAME} deleted" in result.stdout
+    assert apiserver.get(MUTATING, NAME) is not None and apiserver.get(VALIDATING, NAME) is None
+
+
+# --- kubeapi helpers ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("headers", "texts"),
+    [
+        pytest.param(['299 - "clamped to 27"'], ["clamped to 27"], id="one-warning"),
+        pytest.param(['299 - "a, b", 299 - "c \\"q\\""'], ["a, b", 'c "q"'], id="two-in-one-header-with-escapes"),
+        pytest.param(["garbage"], [], id="not-a-warning"),
+    ],
+)
+def test_warning_headers_are_parsed_into_texts(headers: list[str], texts: list[str]) -> None:
+    assert parse_warnings(headers) == texts
+
+
+# --- the runbook ----------------------------------------------------------------------------------------------
+
+
+def test_the_runbook_uses_only_options_the_commands_have() -> None:
+    text = (REPO / "docs" / "operations.md").read_text("utf-8").replace("\\\n", " ")
+    used: dict[str, set[str]] = {}
+    for command, rest in re.findall(r"csinode-guard (register|unregister|restore)\b([^`\n#]*)", text):
+        used.setdefault(command, set()).update(re.findall(r"(--[a-z][a-z-]*)", rest))
+    assert set(used) == {"register", "unregister", "restore"}
+    for command, options in used.items():
+        known = {opt for param in main.commands[command].params for opt in param.opts}
+        assert options <= known, (command, options - known)
+
+
+def test_unregister_finds_the_cluster_in_the_home_kubeconfig_as_kubectl_does(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path, tmp_path: Path
+) -> None:
+    home = tmp_path / "operator-home"
+    (home / ".kube").mkdir(parents=True)
+    (home / ".kube" / "config").write_text(Path(kubeconfig).read_text())
+    assert register(cert_dir, kubeconfig).returncode == 0
+
+    result = run_cli("unregister", cwd=tmp_path, env={"HOME": str(home)})
+
+    assert result.returncode == 0, result.stderr
+    assert apiserver.list("mutatingwebhookconfigurations") == []
+    assert apiserver.list("validatingwebhookconfigurations") == []

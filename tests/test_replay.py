@@ -1,0 +1,298 @@
+"""``csinode-guard replay``: apiserver audit logs (audit.k8s.io/v1 Event lines) through the policy.
+
+``tests/data/audit/kube-apiserver-audit.log`` is a log as kube-apiserver's log backend writes it, for one node:
+a Metadata-level pod read, kubelet's Node status patch (RequestResponse, the full Node in the response), a
+CSIDriver create, kubelet's CSINode create and PUTs (RequestResponse, managedFields included; one at Request
+level; a RequestReceived stage), the external-attacher's VolumeAttachment status patch with ResourceExhausted
+(errorCode 8), a Metadata-level CSINode update, another node's kubelet, an admin's dry run, a PUT of 02:03:20
+written before one of 02:03:12, a glog line in the middle (line 12) and a truncated last line (line 17).
+"""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import gzip
+import json
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import REPO
+from webhook.policy import load_policy
+from webhook.replay import Row, replay
+
+LOG = REPO / "tests" / "data" / "audit" / "kube-apiserver-audit.log"
+NODE = "ip-10-0-1-23.ec2.internal"
+EBS = "ebs.csi.aws.com"
+
+# time, old, new, final, decision, rules, writer of every judged change in LOG, in requestReceivedTimestamp order
+EXPECTED = [
+    ("2026-11-30T02:01:00.001Z", 25, 23, 23, "allow", [], f"system:node:{NODE}"),
+    ("2026-11-30T02:02:11.001Z", 23, 20, 20, "allow", [], f"system:node:{NODE}"),
+    ("2026-11-30T02:03:12.001Z", 20, 21, 21, "allow", [], f"system:node:{NODE}"),
+    ("2026-11-30T02:03:20.001Z", 21, 39, 21, "deny", ["count-ceiling", "count-rollback", "change-rate"],
+     f"system:node:{NODE}"),
+    ("2026-11-30T02:06:40.001Z", 22, 24, 22, "deny", ["writer-identity", "count-rollback"],
+     "system:node:ip-10-0-2-51.ec2.internal"),
+    ("2026-11-30T02:07:50.001Z", 24, 128, 24, "deny", ["writer-identity", "count-ceiling", "count-rollback"],
+     "kubernetes-admin"),
+]
+
+
+def cli(*args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "webhook", "replay", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, check=False, **kwargs)
+
+
+def rows_of(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(e["time"], e["old"], e["new"], e["final"], e["decision"], e["rules"], e["user"]) for e in events]
+
+
+def test_replay_reports_what_the_guard_would_have_done_per_event_and_in_summary() -> None:
+    result = cli("--audit-log", str(LOG), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert rows_of(doc["events"]) == [tuple(e) for e in EXPECTED]
+    assert {e["node"] for e in doc["events"]} == {NODE}
+    assert {e["driver"] for e in doc["events"]} == {EBS}
+    assert [e["dryRun"] for e in doc["events"]] == [False] * 5 + [True]
+    s = doc["summary"]
+    assert s["lines"] == 17 and s["badLines"] == 2
+    assert s["csinodeWrites"] == 10
+    assert s["notCalled"] == 2  # kubelet's create and its registration of ebs.csi.aws.com
+    assert s["judged"] == 6
+    assert s["notJudgeable"] == {"metadataLevel": 1, "noPreviousVersion": 1, "failedInCluster": 0, "unreadable": 0}
+    assert s["skipped"] == {"notAuditEvents": 0, "otherResources": 1, "otherStages": 1, "reads": 0}
+    assert s["byDecision"] == {"allow": 3, "deny": 3}
+    assert s["byRule"]["writer-identity"] == {"deny": 2}
+    assert s["byRule"]["change-rate"] == {"deny": 1}
+    assert s["topNodes"] == [{"name": NODE, "changes": 6, "allow": 3, "deny": 3}]
+    assert s["changesPerMinute"]["peak"] == 2
+    assert s["changesPerMinute"]["busiest"][0] == {"minute": "2026-11-30T02:03", "changes": 2}
+    assert s["order"] == {"reordered": 1, "late": 0}
+    assert s["firstEvent"] == "2026-11-30T02:00:00.201Z"
+    assert doc["summary"]["policy"]["hash"] == load_policy().hash
+    assert s["problems"] == [
+        f"{LOG}:12: not a JSON object (truncated or corrupt line)",
+        f"{LOG}:17: not JSON (Expecting ',' delimiter: line 1 column 1867 (char 1866))",
+    ]
+    assert f"replay: {LOG}:12: not a JSON object" in result.stderr
+    assert f"replay: {LOG}:17: not JSON" in result.stderr
+
+
+def test_the_cluster_facts_come_from_the_log() -> None:
+    """m6i.large from the Node object, ResourceExhausted from the VolumeAttachment: the ceiling is the
+    instance type's, and the 23 -> 20 decrease is a correction (hence count-rollback at 02:03:20)."""
+    rows: list[Row] = []
+    replay([LOG], load_policy(), rows.append)
+    deny = rows[3]
+    assert "count-rollback" in deny.rules
+    assert "undoes the correction 23 -> 20" in deny.message
+
+
+def test_table_format_streams_rows_then_the_summary() -> None:
+    result = cli("--audit-log", str(LOG))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:5] == ["TIME", "NODE", "DRIVER", "OLD", "->"]
+    row = lines[4]
+    assert row.startswith(f"2026-11-30T02:03:20.001Z {NODE}")
+    assert "21 -> 39" in row and " deny " in row and "count-ceiling,count-rollback,change-rate" in row
+    assert lines[6].endswith("kubernetes-admin (dry run)")
+    assert "Summary" in lines
+    text = result.stdout
+    assert "6 would reach the guard, 2 would not" in text
+    assert "1 at Metadata level (no objects)" in text
+    assert "bad lines:    2" in text
+    assert "changes per minute: peak 2" in text
+
+
+def test_gzip_rotated_files_in_any_order_and_a_truncated_gzip(tmp_path: Path) -> None:
+    lines = LOG.read_bytes().splitlines(keepends=True)
+    older = tmp_path / "audit-2026-11-30T02-03-00.000.log.gz"
+    newer = tmp_path / "audit.log"
+    with gzip.open(older, "wb") as f:
+        f.writelines(lines[:9])
+    newer.write_bytes(b"".join(lines[9:]))
+    result = cli("--audit-log", str(newer), "--audit-log", str(older), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert rows_of(doc["events"]) == [tuple(e) for e in EXPECTED]
+    assert doc["summary"]["lines"] == 17
+
+    broken = tmp_path / "broken.log.gz"
+    broken.write_bytes(gzip.compress(b"".join(lines))[:-200])
+    result = cli("--audit-log", str(broken), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert "compressed stream broken" in result.stderr
+    assert 0 < len(doc["events"]) < len(EXPECTED)
+
+
+def test_events_later_than_the_reorder_window_are_replayed_as_they_come_and_counted() -> None:
+    result = cli("--audit-log", str(LOG), "--format", "json", "--reorder-window", "0s")
+    doc = json.loads(result.stdout)
+    assert doc["summary"]["order"] == {"reordered": 1, "late": 1}
+    assert [e["time"][11:19] for e in doc["events"]][2:4] == ["02:03:20", "02:03:12"]
+
+
+def test_guard_audit_records_for_the_audit_commands(tmp_path: Path) -> None:
+    out = tmp_path / "guard-audit.log"
+    result = cli("--audit-log", str(LOG), "--guard-audit-out", str(out), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["endpoint"] for r in records].count("mutate") == 6
+    denied = [r for r in records if r["decision"] == "deny"]
+    assert [r["new"] for r in denied] == [39, 24, 128]
+    assert denied[-1]["dryRun"] is True
+    assert all(r["policyGeneration"] == 1 for r in records)
+
+
+def test_a_progress_bar_on_a_terminal_and_none_otherwise() -> None:
+    main, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
+    try:
+        process = subprocess.run([sys.executable, "-m", "webhook", "replay", "--audit-log", str(LOG)], cwd=REPO,
+                                 stdout=subprocess.DEVNULL, stderr=secondary, timeout=60, check=False)
+        os.close(secondary)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(main)
+    assert process.returncode == 0
+    err = b"".join(chunks).decode(errors="replace")
+    assert "replay:" in err and "%|" in err
+    plain = cli("--audit-log", str(LOG))
+    assert "%|" not in plain.stderr
+
+
+# -- in process: patches, levels, memory ------------------------------------------------------------------------
+
+
+def event(verb: str, seconds: int, *, level: str = "RequestResponse", request: Any = None, response: Any = None,
+          user: str = f"system:node:{NODE}", code: int = 200) -> dict[str, Any]:
+    ev: dict[str, Any] = {
+        "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": level, "auditID": f"id-{verb}-{seconds}",
+        "stage": "ResponseComplete", "requestURI": f"/apis/storage.k8s.io/v1/csinodes/{NODE}", "verb": verb,
+        "user": {"username": user, "groups": ["system:nodes", "system:authenticated"]},
+        "objectRef": {"resource": "csinodes", "name": NODE, "apiGroup": "storage.k8s.io", "apiVersion": "v1"},
+        "responseStatus": {"metadata": {}, "code": code},
+        "requestReceivedTimestamp": f"2026-11-30T03:{seconds // 60:02d}:{seconds % 60:02d}.000000Z",
+        "stageTimestamp": f"2026-11-30T03:{seconds // 60:02d}:{seconds % 60:02d}.004000Z",
+    }
+    if level != "Metadata":
+        if request is not None:
+            ev["requestObject"] = request
+        if response is not None and level == "RequestResponse":
+            ev["responseObject"] = response
+    return ev
+
+
+def csinode(count: int | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"name": EBS, "nodeID": "i-0a1b2c3d4e5f60718", "topologyKeys": None}
+    if count is not None:
+        entry["allocatable"] = {"count": count}
+    return {"kind": "CSINode", "apiVersion": "storage.k8s.io/v1",
+            "metadata": {"name": NODE, "uid": "9f1c2a7e", "resourceVersion": "1"}, "spec": {"drivers": [entry]}}
+
+
+def run_events(tmp_path: Path, events: list[dict[str, Any]]) -> tuple[list[Row], Any]:
+    path = tmp_path / "audit.log"
+    path.write_text("".join(json.dumps(e) + "\n" for e in events))
+    rows: list[Row] = []
+    summary = replay([path], load_policy(), rows.append)
+    return rows, summary
+
+
+@pytest.mark.parametrize(
+    "patch",
+    [
+        pytest.param([{"op": "replace", "path": "/spec/drivers/0/allocatable/count", "value": 40}],
+                     id="a JSON patch is applied to the previous version"),
+        pytest.param({"spec": {"drivers": [{"name": EBS, "allocatable": {"count": 40}}]}},
+                     id="a merge patch merges spec.drivers by name"),
+    ],
+)
+def test_patch_events_at_request_level(tmp_path: Path, patch: Any) -> None:
+    rows, _ = run_events(tmp_path, [
+        event("create", 0, request=csinode(20), response=csinode(20), code=201),
+        event("patch", 90, level="Request", request=patch, user="system:serviceaccount:kube-system:tuner"),
+    ])
+    (row,) = rows
+    assert (row.old, row.new, row.final, row.decision) == (20, 40, 20, "deny")
+    assert row.rules[0] == "writer-identity"
+
+
+def test_a_metadata_level_write_makes_the_next_event_unjudgeable_but_seeds_the_object(tmp_path: Path) -> None:
+    rows, summary = run_events(tmp_path, [
+        event("create", 0, request=csinode(20), response=csinode(20), code=201),
+        event("update", 90, level="Metadata"),
+        event("update", 180, request=csinode(21), response=csinode(21)),
+        event("update", 270, request=csinode(unbounded := None), response=csinode(unbounded)),
+        event("update", 360, request=csinode(30), code=409),
+    ])
+    assert summary.metadata_level == 1 and summary.no_previous_version == 1 and summary.failed_in_cluster == 1
+    (row,) = rows
+    assert (row.old, row.new, row.final, row.decision) == (21, "unbounded", 21, "clamp")
+
+
+def test_the_guard_state_carries_from_event_to_event(tmp_path: Path) -> None:
+    """Two increases 30 s apart: the second breaks change-rate only if the first one's state was kept."""
+    created = csinode(20)
+    created["metadata"]["annotations"] = {"csinode-guard.io/state": "a real guard's state, replaced"}
+    rows, _ = run_events(tmp_path, [
+        event("create", 0, request=created, response=created, code=201),
+        event("update", 90, request=csinode(21), response=csinode(21)),
+        event("update", 120, request=csinode(22), response=csinode(22)),
+    ])
+    assert [(r.decision, r.rules) for r in rows] == [("allow", ()), ("deny", ("change-rate",))]
+
+
+def test_memory_stays_flat_as_the_log_grows(tmp_path: Path) -> None:
+    """Constant memory: the peak for a log 8 times larger is about the same (streamed, nothing kept per line)."""
+    other = json.dumps({
+        "kind": "Event", "apiVersion": "audit.k8s.io/v1", "level": "Metadata", "auditID": "x", "stage":
+        "ResponseComplete", "requestURI": "/api/v1/namespaces/default/pods/web-0", "verb": "get",
+        "user": {"username": "system:serviceaccount:default:web", "groups": ["system:authenticated"]},
+        "objectRef": {"resource": "pods", "namespace": "default", "name": "web-0", "apiVersion": "v1"},
+        "responseStatus": {"metadata": {}, "code": 200}, "requestReceivedTimestamp": "2026-11-30T03:00:00.000000Z",
+        "stageTimestamp": "2026-11-30T03:00:00.001000Z"}) + "\n"
+
+    policy = load_policy()
+
+    def peak(copies: int) -> int:
+        path = tmp_path / f"audit-{copies}.log.gz"
+        with gzip.open(path, "wt", compresslevel=1) as f:
+            for i in range(copies):
+                f.write(other * 300)
+                count = 20 + (i % 2)
+                f.write(json.dumps(event("update", 60 + i * 61, request=csinode(count),
+                                         response=copy.deepcopy(csinode(count)))) + "\n")
+        rows: list[Row] = []
+        tracemalloc.start()
+        try:
+            summary = replay([path], policy, rows.append)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+            assert summary.lines == copies * 301
+
+    small, large = peak(6), peak(48)
+    assert large < small * 1.5 + 256 * 1024, (small, large)
+    assert large < 4 * 1024 * 1024

@@ -1,0 +1,283 @@
+"""``csinode-guard register`` and ``csinode-guard unregister``: apply or remove both webhook configurations.
+
+``register`` sends what :func:`webhook.registration.build_webhook_configurations` builds (the same objects as
+``deploy/base/webhooks.yaml``) with the CA bundle of a certificate directory; ``unregister`` deletes them, the
+documented emergency switch (docs/operations.md). Both talk to the API through :mod:`webhook.kubeapi`.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import click
+from cryptography import x509
+
+from webhook import kubeapi
+from webhook.registration import (
+    CONFIGURATION_NAME,
+    SERVICE_NAME,
+    SERVICE_NAMESPACE,
+    SERVICE_PORT,
+    WebhookTarget,
+    build_webhook_configurations,
+    dump_yaml,
+)
+
+FIELD_MANAGER = "csinode-guard"
+CA_BUNDLE_FILES = ("ca-bundle.crt", "ca.crt")
+"""Looked up in ``--cert-dir`` in this order: ``certs generate``/``certs rotate`` write both; the bundle carries
+the old and the new CA during a CA rotation, ``ca.crt`` (e.g. from a Secret) only the current one."""
+ATTEMPTS = 3
+"""Tries of one get-then-write when another writer changes the object in between (409)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def cluster_options(command: F) -> F:
+    """``--kubeconfig`` and ``--context``, shared by the commands that talk to the cluster."""
+    command = click.option(
+        "--context",
+        metavar="NAME",
+        envvar="CSINODE_GUARD_CONTEXT",
+        help="kubeconfig context to use (default: the current context).",
+    )(command)
+    command = click.option(
+        "--kubeconfig",
+        metavar="PATH",
+        envvar=["CSINODE_GUARD_KUBECONFIG", "KUBECONFIG"],
+        help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account; ~/.kube/config is "
+        "not read unless named).",
+    )(command)
+    return command
+
+
+def connect(kubeconfig: str | None, context: str | None) -> kubeapi.KubeClient:
+    """A :class:`~webhook.kubeapi.KubeClient` for the options of :func:`cluster_options`, or a usage error."""
+    from kubernetes.config import ConfigException  # noqa: PLC0415 - heavy; only when a cluster is used
+
+    try:
+        api_client = kubeapi.load_api_client(kubeconfig, context)
+    except kubeapi.ClusterNotConfiguredError as exc:
+        raise click.UsageError(str(exc)) from None
+    except (ConfigException, OSError, ValueError) as exc:
+        raise click.ClickException(f"cannot load the cluster configuration: {exc}") from None
+    return kubeapi.KubeClient(api_client, on_warning=_echo_warning)
+
+
+def _echo_warning(text: str) -> None:
+    click.echo(f"Warning: {text}", err=True)
+
+
+def api_failure(what: str, exc: kubeapi.KubeApiError | kubeapi.ApiUnreachableError) -> click.ClickException:
+    """A ClickException that shows the apiserver's Status message (or why no answer came)."""
+    if isinstance(exc, kubeapi.ApiUnreachableError):
+        return click.ClickException(f"{what}: no answer from the API server: {exc}")
+    reason = f" {exc.reason}" if exc.reason else ""
+    return click.ClickException(f"{what}: the API server answered {exc.code}{reason}: {exc.message}")
+
+
+def read_ca_bundle(cert_dir: Path) -> tuple[Path, bytes, list[x509.Certificate]]:
+    """The first of :data:`CA_BUNDLE_FILES` in ``cert_dir``: its path, PEM bytes and certificates."""
+    for name in CA_BUNDLE_FILES:
+        path = cert_dir / name
+        if path.is_file():
+            break
+    else:
+        raise click.ClickException(
+            f"{cert_dir}: neither {' nor '.join(CA_BUNDLE_FILES)} found (create them with "
+            f"`csinode-guard certs generate --cert-dir {cert_dir}`)"
+        )
+    pem = path.read_bytes()
+    try:
+        certificates = x509.load_pem_x509_certificates(pem)
+    except ValueError as exc:
+        raise click.ClickException(f"{path}: not PEM certificates: {exc}") from None
+    return path, pem, certificates
+
+
+def _describe_ca(path: Path, certificates: list[x509.Certificate], now: datetime) -> list[str]:
+    lines = [f"caBundle: {len(certificates)} certificate(s) from {path}"]
+    for cert in certificates:
+        expires = cert.not_valid_after_utc
+        state = "EXPIRED" if expires <= now else "expires"
+        lines.append(f"  {cert.subject.rfc4514_string()}, {state} {expires:%Y-%m-%d %H:%M}Z")
+    return lines
+
+
+def _validate_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.hostname or parts.query or parts.fragment or parts.username:
+        raise click.BadParameter(
+            "must be https://host[:port][/path], without user, query or fragment (the apiserver's rules for "
+            "clientConfig.url)",
+            param_hint="--url",
+        )
+    return url
+
+
+def _merged_metadata(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> dict[str, Any]:
+    """``desired``'s metadata on top of the labels and annotations others put on ``existing``, with its
+    ``resourceVersion`` (the write fails with 409 if the object changed since)."""
+    metadata = copy.deepcopy(dict(desired))
+    current = existing.get("metadata") or {}
+    for key in ("labels", "annotations"):
+        merged = {**(current.get(key) or {}), **(metadata.get(key) or {})}
+        if merged:
+            metadata[key] = merged
+    metadata["resourceVersion"] = current.get("resourceVersion")
+    return metadata
+
+
+def apply_configuration(client: kubeapi.KubeClient, obj: Mapping[str, Any]) -> str:
+    """Create ``obj`` or replace the object of its name (get, then create or PUT with its resourceVersion).
+
+    Returns ``created``, ``configured`` or ``unchanged`` (the apiserver keeps the resourceVersion of an update
+    that changes nothing). Retries a lost race (409) up to :data:`ATTEMPTS` times.
+    """
+    resource = kubeapi.RESOURCES_BY_KIND[str(obj["kind"])]
+    name = str(obj["metadata"]["name"])
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            try:
+                existing = client.get(resource, name)
+            except kubeapi.KubeApiError as exc:
+                if not exc.not_found:
+                    raise
+                client.create(resource, obj, field_manager=FIELD_MANAGER)
+                return "created"
+            body = dict(copy.deepcopy(obj))
+            body["metadata"] = _merged_metadata(obj["metadata"], existing)
+            stored = client.replace(resource, body, field_manager=FIELD_MANAGER)
+            before = existing["metadata"].get("resourceVersion")
+            return "unchanged" if stored.get("metadata", {}).get("resourceVersion") == before else "configured"
+        except kubeapi.KubeApiError as exc:
+            if (exc.conflict or exc.already_exists) and attempt < ATTEMPTS:
+                time.sleep(0.1 * attempt)
+                continue
+            raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+@click.command("register")
+@click.option(
+    "--cert-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("certs"),
+    show_default=True,
+    envvar="CSINODE_GUARD_CERT_DIR",
+    show_envvar=True,
+    help="Directory with ca-bundle.crt (or ca.crt): the CA(s) the apiserver trusts for the guard.",
+)
+@click.option("--service", metavar="NAME", help=f"Service in front of the guard (default {SERVICE_NAME}).")
+@click.option("--namespace", metavar="NAMESPACE", help=f"Namespace of that Service (default {SERVICE_NAMESPACE}).")
+@click.option(
+    "--service-port", type=click.IntRange(1, 65535), help=f"Port of that Service (default {SERVICE_PORT})."
+)
+@click.option(
+    "--url",
+    metavar="URL",
+    help="Call the guard at https://host[:port] instead of a Service (a guard outside the cluster, for "
+    "development); /mutate and /validate are appended.",
+)
+@click.option("--name", default=CONFIGURATION_NAME, show_default=True, help="Name of both configurations.")
+@click.option("--dry-run", is_flag=True, help="Print the YAML that would be applied; contact no cluster.")
+@cluster_options
+def register(
+    *,
+    cert_dir: Path,
+    service: str | None,
+    namespace: str | None,
+    service_port: int | None,
+    url: str | None,
+    name: str,
+    dry_run: bool,
+    kubeconfig: str | None,
+    context: str | None,
+) -> None:
+    """Create or update the MutatingWebhookConfiguration and ValidatingWebhookConfiguration of the guard.
+
+    Both are the objects of deploy/base/webhooks.yaml (UPDATE of csinodes only, matchConditions, failurePolicy
+    Fail, timeoutSeconds 5) with clientConfig.caBundle from --cert-dir. Running it again updates them in place
+    (e.g. after `certs rotate --new-ca`); labels and annotations others added are kept.
+
+    Needs get, create and update on both kinds (ClusterRole csinode-guard-registrar).
+
+    \b
+    Example:
+      csinode-guard register --cert-dir deploy/overlays/default/certs --dry-run
+      csinode-guard register --cert-dir deploy/overlays/default/certs
+    """
+    if url is not None:
+        if service is not None or namespace is not None or service_port is not None:
+            raise click.UsageError("--url replaces the Service: do not combine it with --service/--namespace/"
+                                   "--service-port")
+        _validate_url(url)
+    path, pem, certificates = read_ca_bundle(cert_dir)
+    target = WebhookTarget(
+        service_name=service or SERVICE_NAME,
+        service_namespace=namespace or SERVICE_NAMESPACE,
+        service_port=service_port or SERVICE_PORT,
+        ca_bundle=pem,
+        url=url,
+    )
+    objects = build_webhook_configurations(target, name=name)
+    described = _describe_ca(path, certificates, datetime.now(UTC))
+    if dry_run:
+        for line in described:
+            click.echo(f"# {line}", err=True)
+        click.echo(dump_yaml(objects), nl=False)
+        return
+    for line in described:
+        click.echo(line)
+    with connect(kubeconfig, context) as client:
+        for obj in objects:
+            resource = kubeapi.RESOURCES_BY_KIND[str(obj["kind"])]
+            what = resource.describe(name)
+            try:
+                outcome = apply_configuration(client, obj)
+            except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
+                raise api_failure(f"{what} not applied", exc) from None
+            click.echo(f"{what} {outcome}")
+
+
+@click.command("unregister")
+@click.option("--name", default=CONFIGURATION_NAME, show_default=True, help="Name of both configurations.")
+@click.option(
+    "--dry-run", is_flag=True, help="Ask the API server to check the deletions (dryRun=All); delete nothing."
+)
+@cluster_options
+def unregister(*, name: str, dry_run: bool, kubeconfig: str | None, context: str | None) -> None:
+    """Delete both webhook configurations: the emergency switch.
+
+    The apiserver stops calling the guard within a second or two and every CSINode write goes through
+    unchecked; the guard's pods keep running. A configuration that is already gone is not an error. Re-enable
+    with `csinode-guard register` or `kubectl apply -k` of your overlay.
+
+    Needs delete on both kinds (ClusterRole csinode-guard-registrar).
+    """
+    failures = 0
+    with connect(kubeconfig, context) as client:
+        for resource in (kubeapi.MUTATING_WEBHOOK_CONFIGURATIONS, kubeapi.VALIDATING_WEBHOOK_CONFIGURATIONS):
+            what = resource.describe(name)
+            try:
+                client.delete(resource, name, dry_run=dry_run)
+            except kubeapi.KubeApiError as exc:
+                if exc.not_found:
+                    click.echo(f"{what} not found (already removed)")
+                    continue
+                failures += 1
+                click.echo(api_failure(f"{what} not deleted", exc).format_message(), err=True)
+                continue
+            except kubeapi.ApiUnreachableError as exc:
+                failures += 1
+                click.echo(api_failure(f"{what} not deleted", exc).format_message(), err=True)
+                continue
+            click.echo(f"{what} {'would be deleted (server dry run)' if dry_run else 'deleted'}")
+    if failures:
+        raise click.ClickException(f"{failures} of 2 configurations could not be deleted (see above)")
