@@ -411,9 +411,10 @@ def _pyplot() -> Any:
 def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, output: Path) -> None:
     """Draw the count over time (PNG, or any format matplotlib knows by ``output``'s suffix).
 
-    The stored count is a step line; clamps are marked at the requested value with a line down to the admitted
-    one, denials with a cross at the requested value, freezes (version rollback) with a vertical line,
-    ResourceExhausted or justified corrections with a triangle. Unbounded is drawn above the largest count.
+    The stored count is a step line; warnings are marked with a diamond, clamps at the requested value with a
+    line down to the admitted one, denials with a cross at the requested value, freezes (version rollback) with
+    a vertical line, ResourceExhausted or justified corrections with a triangle. Unbounded is drawn above the
+    largest count.
     Raises :class:`MissingDependencyError` without matplotlib.
     """
     plt = _pyplot()
@@ -441,7 +442,8 @@ def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, out
         stored_y.append(stored_y[-1])
         ax.step(stored_t, stored_y, where="post", color="#1f5fa8", linewidth=2, label="stored count")
     marks: dict[str, tuple[list[Any], list[float]]] = {
-        "allowed": ([], []), "clamp": ([], []), "deny": ([], []), "dry run": ([], []), "correction": ([], []),
+        "allowed": ([], []), "warn": ([], []), "clamp": ([], []), "deny": ([], []), "dry run": ([], []),
+        "correction": ([], []),
     }
     for p in points:
         if p.dry_run:
@@ -456,13 +458,15 @@ def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, out
             ax.vlines(p.time, min(y(p.new), y(p.final)), max(y(p.new), y(p.final)), colors="#e08a00",
                       linestyles="dotted", linewidth=1)
         else:
-            marks["allowed"][0].append(p.time)
-            marks["allowed"][1].append(y(p.new))
+            kind = "warn" if p.decision == "warn" else "allowed"
+            marks[kind][0].append(p.time)
+            marks[kind][1].append(y(p.new))
         if p.correction:
             marks["correction"][0].append(p.time)
             marks["correction"][1].append(y(p.final))
     styles = {
         "allowed": {"marker": "o", "color": "#1f5fa8", "s": 18},
+        "warn": {"marker": "D", "color": "#f2b600", "s": 36},
         "clamp": {"marker": "v", "color": "#e08a00", "s": 60},
         "deny": {"marker": "x", "color": "#c62828", "s": 60},
         "dry run": {"marker": "o", "facecolors": "none", "edgecolors": "#777777", "s": 40},

@@ -469,6 +469,8 @@ def load_policy(path: str | Path | None = None) -> Policy:
         text = file.read_text("utf-8")
     except OSError as exc:
         raise PolicyError(source, "", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyError(source, f"byte {exc.start}", "not UTF-8 text") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

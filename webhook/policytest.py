@@ -14,7 +14,45 @@ from step to step exactly as through the real webhook. Facts that a real cluster
 seeing it (node labels, the driver-versions annotation, attach errors) are applied before the write.
 
 Everything here is pure apart from reading the test and policy files: the clock is the step time and the state
-key is fixed. See ``policies/tests/`` for examples and :data:`TEST_SCHEMA` for every field.
+key is fixed. See ``policies/tests/`` for examples and :data:`TEST_SCHEMA` for every field. In short::
+
+    apiVersion: csinode-guard.io/v1alpha1
+    kind: PolicyTest
+    policy: ../default.yaml            # relative to this file; `policy test --policy P` overrides it
+    start: "2026-11-30T02:00:00Z"      # the clock of step 0 (per case: start)
+    cases:
+      - name: ...
+        cluster: {driverPeriods: {ebs.csi.aws.com: 60}, attachErrorsKnown: true}
+        nodes:                         # the CSINodes before step 1 (exists: false: none yet; or a whole object)
+          ip-10-0-1-23.ec2.internal:
+            drivers: {ebs.csi.aws.com: 25, efs.csi.aws.com: unbounded}
+            labels: {node.kubernetes.io/instance-type: m6i.large}   # absent: the node is unknown to the guard
+            driverVersions: {ebs.csi.aws.com: v1.37.0}
+        steps:
+          - at: 5m                     # or after: 30s (from the previous step); neither: same time
+            node: ...                  # needed when the case has several nodes
+            user: kubelet              # (default) the node's kubelet; kubelet:<other-node>; or any username
+            groups: [...]              # default: system:nodes for kubelets, system:authenticated otherwise
+            operation: UPDATE          # CREATE, DELETE; dryRun: true
+            drivers: {ebs.csi.aws.com: 39}       # a count, unbounded (or null), absent (driver removed)
+            annotations: {key: value}            # null removes
+            justification: [{driver, minCount, maxCount, expires: 2h | RFC 3339, reason, ticket}]
+            object: {...}              # instead of drivers/annotations: the whole new object
+            labels / kubeletVersion / driverVersions / driverPeriods:   # facts from now on
+            resourceExhausted: [ebs.csi.aws.com]                       # attach error, gRPC code 8, now
+            attachErrors: [{driver, code: 8, ago: 2m, volumeAttachment, message}]
+            expect:
+              decision: clamp          # allow warn clamp deny invalid skip (skip: the webhook is not called)
+              allowed: true
+              called: true             # matchConditions send the write to the guard
+              rules: [count-ceiling]   # exactly the rules that found a violation (any order)
+              final: {ebs.csi.aws.com: 27}         # stored afterwards (unbounded, absent)
+              written: true            # the stored object changed
+              warnings: ["part of a warning"]      # and noWarnings: true
+              message: ["part of the denial"]
+              state: {ebs.csi.aws.com: {count: 27, frozen: false, correction: resource-exhausted,
+                                        writerVersion: v1.37.0}}
+              approvals: 1
 """
 
 from __future__ import annotations

@@ -109,6 +109,19 @@ def _error(code: int, message: str) -> Response:
     return response
 
 
+def _read_body(limit: int) -> bytes | None:
+    """The request body, or None when it is longer than ``limit`` bytes (then at most ``limit + 1`` are read).
+
+    A declared Content-Length over the limit is refused before reading anything. A chunked body (no length)
+    is read up to one byte past the limit: werkzeug's own limit would silently cut it to ``limit`` bytes.
+    """
+    length = request.content_length
+    if length is not None:
+        return None if length > limit else request.get_data(cache=False)
+    body: bytes = request.environ["wsgi.input"].read(limit + 1)
+    return None if len(body) > limit else body
+
+
 def _internal_error_decision() -> AdmissionDecision:
     return AdmissionDecision(
         response=AdmissionResponse(
@@ -126,9 +139,10 @@ def _review(mode: Mode) -> Response:
     started = time.perf_counter()
     if request.mimetype != "application/json":
         return _error(415, f"Content-Type must be application/json, not {request.mimetype or '(none)'!r}")
-    if request.content_length is not None and request.content_length > runtime.max_body_bytes:
-        return _error(413, f"body of {request.content_length} bytes is over the limit of {runtime.max_body_bytes}")
-    body = request.get_data(cache=False)
+    body = _read_body(runtime.max_body_bytes)
+    if body is None:
+        size = f"of {request.content_length} bytes " if request.content_length is not None else ""
+        return _error(413, f"body {size}is over the limit of {runtime.max_body_bytes} bytes")
     try:
         review = parse_review(body)
     except ReviewError as exc:
@@ -176,9 +190,8 @@ def _noop() -> Any:
     runtime: Runtime = current_app.extensions[EXTENSION]
     if request.mimetype != "application/json":
         return _error(415, "Content-Type must be application/json")
-    if request.content_length is not None and request.content_length > runtime.max_body_bytes:
+    if _read_body(runtime.max_body_bytes) is None:
         return _error(413, f"body is over the limit of {runtime.max_body_bytes} bytes")
-    request.get_data(cache=False)
     response = _json({**_NOOP_RESPONSE, "worker": os.getpid()})  # which worker answered (spread benchmark)
     if runtime.should_close(request.environ.get("gunicorn.socket")):
         response.headers["Connection"] = "close"

@@ -11,6 +11,7 @@ from typing import IO, Any
 import click
 import yaml
 
+from webhook.durations import parse_duration
 from webhook.facts import FactsError, view_from_facts
 from webhook.policy import PolicyError, load_policy
 from webhook.replay import Problem, Progress, Row, Summary, describe_input, replay
@@ -35,9 +36,9 @@ class _Bar(Progress):
         """Remove the bar."""
         self._bar.close()
 
-    def write(self, text: str) -> None:
-        """Print a line above the bar."""
-        self._bar.write(text, file=sys.stdout)
+    def write(self, text: str, *, err: bool = False) -> None:
+        """Print a line above the bar (standard output, or standard error with ``err``)."""
+        self._bar.write(text, file=sys.stderr if err else sys.stdout)
 
 
 def _cell(value: Any, width: int) -> str:
@@ -119,8 +120,6 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
 
     Lines that are not JSON are reported with their line number on standard error and skipped.
     """
-    from webhook.durations import parse_duration  # noqa: PLC0415
-
     try:
         window = parse_duration(reorder_window)
     except ValueError as exc:
@@ -148,7 +147,7 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
     def report(problem: Problem) -> None:
         message = f"replay: {problem}"
         if bar is not None:
-            bar._bar.write(message, file=sys.stderr)
+            bar.write(message, err=True)
         else:
             click.echo(message, err=True)
 

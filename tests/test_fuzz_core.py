@@ -1,0 +1,180 @@
+"""Fuzzing the review parser, the pipeline behind it and the policy loader (hypothesis).
+
+Whatever the body: ``parse_review`` raises nothing but ``ReviewError``; a parsed review is judged without an
+exception and answered with a well-formed AdmissionReview; ``decode_json`` gives exactly what ``json.loads``
+gives (value or exception). Whatever the policy document or file: the loader raises nothing but
+``PolicyError``. ``FUZZ_EXAMPLES`` sets the number of inputs per test (small in CI; benchmarks/fuzz.py runs
+100,000 and more).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from benchmarks.reviews import BENCH_KEY, NOW
+from tests.fuzzing import FUZZ, bodies, check_admission_review, json_values, request_uid
+from webhook.cluster import UnknownClusterView
+from webhook.evaluation import Mode, evaluate
+from webhook.policy import PolicyError, bundled_policy_path, load_policy, parse_policy
+from webhook.review import ReviewError, build_response, decode_json, parse_review
+from webhook.state import StateKeys
+
+POLICY = load_policy(None)
+KEYS = StateKeys([BENCH_KEY])
+DEFAULT_POLICY_DOC = yaml.safe_load(bundled_policy_path().read_text())
+CLOCKS = [NOW, NOW + timedelta(seconds=5), NOW + timedelta(hours=2), NOW + timedelta(days=400)]
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal JSON values, with NaN equal to NaN and int distinct from float (1 vs 1.0); iterative (deep input)."""
+    pending = [(a, b)]
+    while pending:
+        x, y = pending.pop()
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, float):
+            if not (x == y or (math.isnan(x) and math.isnan(y))):
+                return False
+        elif isinstance(x, list):
+            if len(x) != len(y):
+                return False
+            pending.extend(zip(x, y, strict=True))
+        elif isinstance(x, dict):
+            if list(x) != list(y):
+                return False
+            pending.extend((x[k], y[k]) for k in x)
+        elif x != y:
+            return False
+    return True
+
+
+def _loads(text: bytes | str) -> tuple[str, Any]:
+    try:
+        return "value", json.loads(text)
+    except Exception as exc:  # the same exception type and message is part of the contract
+        return "error", (type(exc).__name__, str(exc))
+
+
+def _decode(text: bytes | str) -> tuple[str, Any]:
+    try:
+        return "value", decode_json(text)
+    except Exception as exc:
+        return "error", (type(exc).__name__, str(exc))
+
+
+json_texts = st.one_of(
+    json_values.map(lambda v: json.dumps(v).encode("utf-8", "surrogatepass")),
+    bodies(),
+    st.sampled_from([b"[" * 600 + b"]" * 600, b"{\"a\":" * 999 + b"1" + b"}" * 999, b"12345678901234567890",
+                     b"-9223372036854775809", b"1e400", b"NaN", b"\xef\xbb\xbf{}", "{}".encode("utf-16"),
+                     b'"\\ud800"', b'"\xed\xa0\x80"', b"[1.5e308, -0.0, 5e-324]"]),
+)
+
+
+@FUZZ
+@given(json_texts)
+def test_decode_json_gives_what_json_loads_gives(text: bytes) -> None:
+    expected, actual = _loads(text), _decode(text)
+    assert expected[0] == actual[0]
+    if expected[0] == "value":
+        assert _same(expected[1], actual[1])
+    else:
+        assert expected[1][0] == actual[1][0]
+
+
+@FUZZ
+@given(bodies(), st.sampled_from(["mutate", "validate"]), st.sampled_from(CLOCKS))
+def test_any_body_is_refused_with_review_error_or_answered_with_a_well_formed_review(
+    body: bytes, mode: str, now: Any
+) -> None:
+    try:
+        request = parse_review(body)
+    except ReviewError as exc:
+        assert exc.http_status == 400 and exc.message
+        return
+    decision = evaluate(request, POLICY, UnknownClusterView(), now, KEYS, mode=Mode(mode))
+    document = build_response(request.uid, decision.response, allow_patch=mode == "mutate")
+    check_admission_review(json.loads(json.dumps(document)), mode=mode, uid=request_uid(body))
+
+
+def _mutate_policy(doc: Any, draw: st.DrawFn) -> Any:
+    paths: list[tuple[Any, ...]] = []
+
+    def walk(node: Any, prefix: tuple[Any, ...]) -> None:
+        paths.append(prefix)
+        if isinstance(node, dict):
+            for k, v in node.items():
+                walk(v, (*prefix, k))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, (*prefix, i))
+
+    walk(doc, ())
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(paths[1:]))
+        parent = doc
+        try:
+            for key in path[:-1]:
+                parent = parent[key]
+            if draw(st.booleans()) and isinstance(parent, dict):
+                del parent[path[-1]]
+            else:
+                parent[path[-1]] = draw(json_values | st.sampled_from(["30s", "1h30m", "-5s", "deny", "clamp",
+                                                                      "nope", "ebs.csi.aws.com", "v1.2.3"]))
+        except (KeyError, IndexError, TypeError):
+            continue
+    return doc
+
+
+@FUZZ
+@given(st.data())
+def test_a_mutated_policy_document_loads_or_is_refused_with_policy_error(data: st.DataObject) -> None:
+    doc = _mutate_policy(copy.deepcopy(DEFAULT_POLICY_DOC), data.draw)
+    try:
+        policy = parse_policy(doc, "fuzzed.yaml")
+    except PolicyError as exc:
+        assert exc.source == "fuzzed.yaml" and exc.constraint
+        return
+    assert policy.hash and policy.default_driver is not None
+
+
+@FUZZ
+@given(data=st.data())
+def test_any_policy_file_loads_or_is_refused_with_policy_error(tmp_path_factory: Any, data: st.DataObject) -> None:
+    text = bundled_policy_path().read_bytes()
+    kind = data.draw(st.sampled_from(["cut", "flip", "bytes", "yaml"]))
+    if kind == "cut":
+        text = text[: data.draw(st.integers(0, len(text)))]
+    elif kind == "flip":
+        raw = bytearray(text)
+        for _ in range(data.draw(st.integers(1, 6))):
+            raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+        text = bytes(raw)
+    elif kind == "bytes":
+        text = data.draw(st.binary(max_size=400))
+    else:
+        text = yaml.safe_dump(data.draw(json_values)).encode()
+    path = Path(tmp_path_factory.mktemp("policy")) / "policy.yaml"
+    path.write_bytes(text)
+    try:
+        load_policy(path)
+    except PolicyError as exc:
+        assert exc.source == str(path)
+
+
+@pytest.mark.parametrize("depth", [pytest.param(400, id="400 levels"), pytest.param(5000, id="5000 levels")])
+def test_a_deeply_nested_body_is_a_review_error_or_a_review(depth: int) -> None:
+    body = b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":' + b'{"a":' * depth
+    body += b"1" + b"}" * (depth + 1)
+    with pytest.raises(ReviewError):
+        parse_review(body)
