@@ -109,8 +109,7 @@ def test_kubelet_sequence_is_judged_as_the_design_says(server_factory: Any, tmp_
     lines = rollback["status"]["message"].splitlines()
     assert lines == [
         f"[writer-version] ip-10-0-1-23.ec2.internal/{EBS}: 23 -> 39: driver version rolled back v1.37.0 -> "
-        "v1.30.0; increases are frozen for 6h; roll the driver forward again, or have an approver justify the "
-        "rollback"
+        "v1.30.0; increases are frozen for 6h; roll the driver forward, or have an approver justify the rollback"
     ]
     assert rollback["auditAnnotations"]["decision"] == "deny"
     assert rollback["auditAnnotations"]["rules"] == "writer-version,count-ceiling"

@@ -557,7 +557,9 @@ def test_denies_of_several_drivers_are_one_line_each() -> None:
 def test_only_the_node_identity_in_system_nodes_is_the_nodes_kubelet(groups: list[str]) -> None:
     old = stored(25)
     judged = judge(old, kubelet_update(old, EBS, 23), user=(KUBELET, groups))
-    assert judged.lines[0].startswith(f"[writer-identity] {WHERE}: 25 -> 23: written by another node's kubelet")
+    assert judged.lines[0].startswith(
+        f"[writer-identity] {WHERE}: 25 -> 23: written as {KUBELET} but without the group system:nodes"
+    )
 
 
 # -- clamps --------------------------------------------------------------------------------------------------------
@@ -1267,7 +1269,7 @@ def test_a_driver_rollback_freezes_increases_for_freeze_for() -> None:
         message_line(
             "writer-version", 25, 23,
             "driver version rolled back v1.37.0 -> v1.30.0; increases are frozen for 6h",
-            "roll the driver forward again, or have an approver justify the rollback",
+            "roll the driver forward, or have an approver justify the rollback",
         )
     ]
     assert rollback.state is not None
@@ -1279,7 +1281,8 @@ def test_a_driver_rollback_freezes_increases_for_freeze_for() -> None:
         message_line(
             "count-rollback", 23, 24,
             "increases are frozen until 2026-11-30T08:00:00.000Z after a driver version rollback",
-            "wait for the freeze to end, or have an approver justify the increase",
+            "wait for the freeze to end (rolling the driver forward does not lift it), or have an approver justify "
+            "the increase",
         )
     ]
     assert server.kubelet(20, 700).body["allowed"] is True
@@ -1293,7 +1296,7 @@ def test_an_increase_from_a_rolled_back_driver_is_denied_and_nothing_is_recorded
 
     assert judged.lines[0] == message_line(
         "writer-version", 23, 25, "driver version rolled back v1.37.0 -> v1.30.0; increases are frozen for 6h",
-        "roll the driver forward again, or have an approver justify the rollback",
+        "roll the driver forward, or have an approver justify the rollback",
     )
     assert judged.decision.new_state is None
 

@@ -688,3 +688,40 @@ PRINCIPALS = Principals(
 )
 def test_principals_contains(username: str, groups: tuple[str, ...], contains: bool) -> None:
     assert PRINCIPALS.contains(username, groups) is contains
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        pytest.param(
+            "apiVersion: csinode-guard.io/v1alpha1\nkind: GuardPolicy\nspec:\n  defaults:\n"
+            "    maxStepUp: 4\n    maxStepUp: 8\n",
+            "duplicate key 'maxStepUp'",
+            id="a key given twice is refused instead of the last one winning",
+        ),
+        pytest.param(
+            "apiVersion: csinode-guard.io/v1alpha1\nkind: GuardPolicy\nspec:\n  drivers:\n    d:\n      ceiling:\n"
+            "        max: 128\n        unknown: 500\n",
+            "500 is above ceiling.max 128",
+            id="an unknown-type ceiling above the driver maximum is refused",
+        ),
+    ],
+)
+def test_policy_mistakes_that_yaml_and_the_schema_let_through_are_refused(
+    tmp_path: Path, text: str, fragment: str
+) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    assert fragment in str(caught.value)
+    assert str(path) in str(caught.value)
+
+
+def test_a_policy_that_is_not_utf8_is_refused_with_the_file_named(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_bytes("apiVersion: csinode-guard.io/v1alpha1\nkind: GuardPolicy\nspec: {}\n".encode("utf-16"))
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    assert "not UTF-8" in str(caught.value)
+    assert str(path) in str(caught.value)

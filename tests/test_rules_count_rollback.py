@@ -154,7 +154,8 @@ def test_any_increase_while_frozen_is_a_violation_clamped_to_the_old_count() -> 
             rule="count-rollback",
             action=DENY,
             why="increases are frozen until 2026-11-30T03:00:00.000Z after a driver version rollback",
-            proceed="wait for the freeze to end, or have an approver justify the increase",
+            proceed="wait for the freeze to end (rolling the driver forward does not lift it), or have an approver "
+            "justify the increase",
             clamp_to=23,
         )
     ]

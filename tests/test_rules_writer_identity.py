@@ -138,7 +138,7 @@ def test_principals_the_policy_lists_may_change_counts(user: str, groups: tuple[
         pytest.param(
             KUBELET,
             ("system:authenticated",),
-            f"written by another node's kubelet ({KUBELET})",
+            f"written as {KUBELET} but without the group system:nodes, so not as the node's kubelet",
             id="the node's name without the system:nodes group",
         ),
     ],

@@ -143,7 +143,7 @@ def test_a_version_older_than_the_last_accepted_change_is_a_rollback_that_freeze
             rule="writer-version",
             action=DENY,
             why="driver version rolled back v1.37.0 -> v1.31.0; increases are frozen for 6h",
-            proceed="roll the driver forward again, or have an approver justify the rollback",
+            proceed="roll the driver forward, or have an approver justify the rollback",
             freeze=True,
         )
     ]

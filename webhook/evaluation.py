@@ -342,20 +342,31 @@ class _Evaluation:
 
     def _add(self, change: CountChange | None, v: Violation) -> None:
         effective = self._effective(v, change)
-        self.findings.append(_Finding(change, v, effective, len(self.outcomes)))
+        # A rule that passed earlier (change-rate before the budget check) is replaced, not listed twice.
+        at = next(
+            (
+                i
+                for i, o in enumerate(self.outcomes)
+                if change is not None and o.rule == v.rule and o.driver == change.driver and o.result == "pass"
+            ),
+            len(self.outcomes),
+        )
+        self.findings.append(_Finding(change, v, effective, at))
         suffix = ""
         if effective is EnforcementAction.CLAMP:
             suffix = f" (clamped to {format_count(v.clamp_to)})"
-        self.outcomes.append(
-            RuleOutcome(
-                rule=v.rule,
-                driver=change.driver if change else None,
-                result="violation",
-                enforcement=v.action,
-                effective=effective,
-                message=_line(self.node, change, v, suffix),
-            )
+        outcome = RuleOutcome(
+            rule=v.rule,
+            driver=change.driver if change else None,
+            result="violation",
+            enforcement=v.action,
+            effective=effective,
+            message=_line(self.node, change, v, suffix),
         )
+        if at < len(self.outcomes):
+            self.outcomes[at] = outcome
+        else:
+            self.outcomes.append(outcome)
 
     # -- steps ----------------------------------------------------------------------------------------------
     def _record_justifications(self) -> AdmissionDecision | None:
@@ -580,9 +591,9 @@ class _Evaluation:
             outcomes.append(ChangeOutcome(c, final, ctx.driver_version, basis, freeze))
         if not entries_changed and not self.approvals_recorded:
             return None, outcomes
-        state = GuardState(uid=state.uid, entries=state.entries, approvals=tuple(self.approvals)).pruned(
-            self.now, list(self.new.drivers)
-        )
+        # Entries of drivers that are not in the object now are kept: kubelet removes a driver whose node plugin
+        # restarts and registers it again, and its history (freeze, correction, version) must survive that.
+        state = GuardState(uid=state.uid, entries=state.entries, approvals=tuple(self.approvals)).pruned(self.now)
         return state, outcomes
 
     def _patch(self, changes: Sequence[CountChange], finals: Mapping[str, int | None],

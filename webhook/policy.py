@@ -240,6 +240,26 @@ class Policy:
         return [d.version_source.pod for d in self.drivers.values() if d.version_source.pod is not None]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses a mapping with the same key twice (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _value in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, f"found duplicate key {key!r}", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse one YAML document, refusing duplicate keys; raises ``yaml.YAMLError``."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
 @cache
 def _schema() -> dict[str, Any]:
     text = resources.files("webhook").joinpath("schema/guardpolicy.schema.json").read_text("utf-8")
@@ -313,8 +333,8 @@ def _rule_settings(raw: Mapping[str, Any]) -> RuleSettings:
 def load_profile(path: Path) -> DriverProfile:
     """Load a ``kind: DriverProfile`` YAML file; raises :class:`PolicyError` when it is not one."""
     try:
-        doc = yaml.safe_load(path.read_text("utf-8"))
-    except (OSError, yaml.YAMLError) as exc:
+        doc = load_yaml(path.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise PolicyError(str(path), "", f"cannot read profile: {exc}") from None
     try:
         spec = doc["spec"]
@@ -385,6 +405,15 @@ def _driver_policy(
     profile = None
     if raw_ceiling.get("profile"):
         profile = _find_profile(raw_ceiling["profile"], policy_dir, source, f"{where}.ceiling.profile")
+    for key in ("unknown",):
+        value = raw_ceiling.get(key)
+        if value is not None and raw_ceiling.get("max") is not None and value > raw_ceiling["max"]:
+            raise PolicyError(source, f"{where}.ceiling.{key}", f"{value} is above ceiling.max {raw_ceiling['max']}")
+    for label_value, value in (raw_ceiling.get("values") or {}).items():
+        if raw_ceiling.get("max") is not None and value > raw_ceiling["max"]:
+            raise PolicyError(
+                source, f"{where}.ceiling.values.{label_value}", f"{value} is above ceiling.max {raw_ceiling['max']}"
+            )
     ceiling = Ceiling(
         max=raw_ceiling.get("max"),
         node_label=raw_ceiling.get("nodeLabel"),
@@ -470,9 +499,9 @@ def load_policy(path: str | Path | None = None) -> Policy:
     except OSError as exc:
         raise PolicyError(source, "", f"cannot read: {exc.strerror or exc}") from None
     except UnicodeDecodeError as exc:
-        raise PolicyError(source, f"byte {exc.start}", "not UTF-8 text") from None
+        raise PolicyError(source, f"byte {exc.start}", "not UTF-8 text: save the policy as UTF-8") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

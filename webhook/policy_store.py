@@ -149,6 +149,7 @@ class PolicyStore:
         policy = load_policy(path)
         self._snapshot = PolicySnapshot(policy, self._ledger.generation_for(policy.hash))
         self._stop = threading.Event()
+        self._missing_reported = False
         self._thread: threading.Thread | None = None
 
     def current(self) -> PolicySnapshot:
@@ -160,7 +161,16 @@ class PolicyStore:
         if self.path is None:
             return None
         fingerprint = _fingerprint(self.path)
-        if fingerprint is None or fingerprint == self._fingerprint:
+        if fingerprint is None:
+            if not self._missing_reported:
+                log.warning(
+                    "policy file %s is gone; the last good policy (generation %d, hash %s) keeps serving",
+                    self.path, self._snapshot.generation, self._snapshot.policy.hash,
+                )
+                self._missing_reported = True
+            return None
+        self._missing_reported = False
+        if fingerprint == self._fingerprint:
             return None
         self._fingerprint = fingerprint
         try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,16 +33,23 @@ def run(settings: Settings) -> int:
         log.error("policy refused, not starting: %s", exc)
         return 2
     try:
-        if settings.generate_certs:
-            paths = tls.ensure_dev_certs(settings.cert_dir, settings.dns_names or tls.DEFAULT_DNS_NAMES)
-            cert_file, key_file = paths.tls_cert, paths.tls_key
-        else:
-            cert_file, key_file = settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key"
+        cert_file, key_file = settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key"
+        if not (cert_file.exists() and key_file.exists()):
+            if not settings.generate_certs:
+                raise tls.CertificateError(f"{cert_file} or {key_file} is missing (--no-generate-certs)")
+            names = list(dict.fromkeys([*tls.DEFAULT_DNS_NAMES, *settings.dns_names]))
+            tls.ensure_dev_certs(settings.cert_dir, names)
+            log.warning("generated development certificates in %s (trust %s)", settings.cert_dir,
+                        settings.cert_dir / "ca.crt")
         ssl_source = tls.ReloadingSSLContext(cert_file, key_file, client_ca=settings.client_ca)
         key_path = settings.state_key_path
-        if not key_path.exists() and not settings.generate_certs:
+        if not key_path.exists() and (settings.state_key_file is not None or not settings.generate_certs):
+            # Only the development default (<cert-dir>/state.key) is ever generated: a mistyped path must not
+            # give each replica a key of its own.
             raise tls.StateKeyError(f"state key file {key_path} does not exist")
         keys = StateKeys(tls.ensure_state_key(key_path))
+        _check_writable_audit_log(settings.audit_log)
+        _check_port_free(settings.metrics_port)
     except (tls.CertificateError, tls.StateKeyError, OSError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         return 2
@@ -66,6 +74,27 @@ def run(settings: Settings) -> int:
     options = gunicorn_options(settings, cert_file, key_file, ssl_hook, when_ready)
     GuardApplication(settings, app_factory, options).run()
     return 0
+
+
+def _check_writable_audit_log(path: str) -> None:
+    if path == "-":
+        return
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise OSError(f"audit log {path} cannot be opened for appending: {exc.strerror or exc}") from None
+
+
+def _check_port_free(port: int) -> None:
+    if port <= 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            raise OSError(f"metrics port {port} is not free: {exc.strerror or exc}") from None
 
 
 def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: Any) -> Any:

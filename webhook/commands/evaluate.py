@@ -6,6 +6,7 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import BinaryIO
 
 import click
 import yaml
@@ -16,6 +17,12 @@ from webhook.facts import FactsError, view_from_facts
 from webhook.policy import PolicyError, load_policy
 from webhook.review import ReviewError, build_response, parse_review
 from webhook.state import StateKeys, parse_time
+
+
+class InputError(click.ClickException):
+    """Unusable input (review, policy, facts, key): exit code 2, distinct from a denial (1)."""
+
+    exit_code = 2
 
 
 def _keys(path: Path | None) -> tuple[StateKeys, str]:
@@ -29,16 +36,16 @@ def _keys(path: Path | None) -> tuple[StateKeys, str]:
             return StateKeys([os.urandom(32)]), "a throwaway key (state on the object will not verify)"
         path = default
     if not path.exists():
-        raise click.BadParameter(f"{path} does not exist", param_hint="--state-key-file")
+        raise InputError(f"--state-key-file: {path} does not exist")
     try:
         return StateKeys(ensure_state_key(path)), str(path)
     except (StateKeyError, ValueError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--state-key-file") from None
+        raise InputError(f"--state-key-file: {exc}") from None
 
 
 @click.command("evaluate")
-@click.option("--review", "review_file", required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="AdmissionReview JSON file ('-' is not accepted; save it first).")
+@click.option("--review", "review_file", required=True, type=click.File("rb"),
+              help="AdmissionReview JSON file, or - for standard input.")
 @click.option("--policy", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Policy YAML (default: the bundled policy).")
 @click.option("--now", "now_text", help="Evaluation time, RFC 3339 (default: now, UTC).")
@@ -47,30 +54,32 @@ def _keys(path: Path | None) -> tuple[StateKeys, str]:
               help="State HMAC key file (default: certs/state.key when present).")
 @click.option("--cluster-facts", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML with node labels, driver versions, periods, attach errors (see webhook/facts.py).")
-def evaluate_command(review_file: Path, policy: Path | None, now_text: str | None, endpoint: str,
+def evaluate_command(review_file: BinaryIO, policy: Path | None, now_text: str | None, endpoint: str,
                      state_key_file: Path | None, cluster_facts: Path | None) -> None:
     """Print the AdmissionReview response for REVIEW and one line per rule explaining its outcome.
 
-    Exit code 0 when the write is allowed, 1 when denied, 2 for unusable input.
+    Exit code 0 when the write is allowed, 1 when denied, 2 for unusable input (review, policy, facts, key).
+    ``--now`` without a UTC offset is taken as UTC.
     """
+    name = getattr(review_file, "name", "-")
     try:
-        request = parse_review(review_file.read_bytes())
+        request = parse_review(review_file.read())
     except ReviewError as exc:
-        raise click.ClickException(f"{review_file}: {exc.message}") from None
+        raise InputError(f"{name}: {exc.message}") from None
     try:
         loaded = load_policy(policy)
     except PolicyError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise InputError(str(exc)) from None
     try:
         now = parse_time(now_text) if now_text else datetime.now(UTC)
     except ValueError:
-        raise click.BadParameter(f"not an RFC 3339 time: {now_text}", param_hint="--now") from None
+        raise InputError(f"--now: not an RFC 3339 time: {now_text}") from None
     cluster: ClusterView = UnknownClusterView()
     if cluster_facts is not None:
         try:
             cluster = view_from_facts(yaml.safe_load(cluster_facts.read_text()))
         except (FactsError, yaml.YAMLError) as exc:
-            raise click.ClickException(f"{cluster_facts}: {exc}") from None
+            raise InputError(f"{cluster_facts}: {exc}") from None
     keys, key_source = _keys(state_key_file)
     mode = Mode(endpoint)
     decision = evaluate(request, loaded, cluster, now, keys, mode=mode)

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import yaml
 
-from webhook.policy import PolicyError, load_policy, load_profile
+from webhook.policy import PolicyError, load_policy, load_profile, load_yaml
 from webhook.policytest import (
     KIND as TEST_KIND,
 )
@@ -30,7 +30,7 @@ def policy() -> None:
 
 def _kind(path: Path) -> str | None:
     try:
-        doc = yaml.safe_load(path.read_text("utf-8"))
+        doc = load_yaml(path.read_text("utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None
     kind = doc.get("kind") if isinstance(doc, dict) else None
@@ -65,7 +65,10 @@ def validate(paths: tuple[Path, ...], quiet: bool) -> None:
     invalid.
     """
     bad = 0
-    for path in find_test_files(list(paths)):
+    files = find_test_files(list(paths))
+    if not files:
+        raise click.ClickException("no policy files (*.yaml, *.yml) found in " + ", ".join(map(str, paths)))
+    for path in files:
         ok, line = _validate_one(path)
         if not ok:
             bad += 1

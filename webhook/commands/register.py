@@ -51,8 +51,8 @@ def cluster_options(command: F) -> F:
         "--kubeconfig",
         metavar="PATH",
         envvar=["CSINODE_GUARD_KUBECONFIG", "KUBECONFIG"],
-        help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account; ~/.kube/config is "
-        "not read unless named).",
+        help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account, else ~/.kube/config, "
+        "as kubectl).",
     )(command)
     return command
 

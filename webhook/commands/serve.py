@@ -21,9 +21,10 @@ def _env(name: str) -> str:
 
 @click.command()
 @click.option("--host", default="0.0.0.0", show_default=True, envvar=_env("HOST"), help="Listen address.")
-@click.option("--port", default=8443, show_default=True, type=int, envvar=_env("PORT"), help="HTTPS port.")
-@click.option("--metrics-port", default=9090, show_default=True, type=int, envvar=_env("METRICS_PORT"),
-              help="Plain-HTTP port for /metrics (0 disables).")
+@click.option("--port", default=8443, show_default=True, type=click.IntRange(1, 65535), envvar=_env("PORT"),
+              help="HTTPS port.")
+@click.option("--metrics-port", default=9090, show_default=True, type=click.IntRange(0, 65535),
+              envvar=_env("METRICS_PORT"), help="Plain-HTTP port for /metrics (0 disables).")
 @click.option("--cert-dir", default="certs", show_default=True, type=click.Path(path_type=Path),
               envvar=_env("CERT_DIR"), help="tls.crt/tls.key (and ca.crt); dev certificates are generated here "
               "when missing.")
@@ -35,26 +36,29 @@ def _env(name: str) -> str:
               help="Require client certificates signed by this CA (the apiserver's webhook client cert).")
 @click.option("--policy", type=click.Path(path_type=Path), envvar=_env("POLICY"),
               help="Policy YAML (default: the bundled policies/default.yaml). Reloaded when it changes.")
-@click.option("--policy-reload-interval", default=5.0, show_default=True, type=float,
+@click.option("--policy-reload-interval", default=5.0, show_default=True, type=click.FloatRange(0),
               envvar=_env("POLICY_RELOAD_INTERVAL"), help="Seconds between policy file checks (0 disables).")
 @click.option("--audit-log", default="-", show_default=True, envvar=_env("AUDIT_LOG"),
               help="Audit log file, '-' for standard output.")
 @click.option("--state-key-file", type=click.Path(path_type=Path), envvar=_env("STATE_KEY_FILE"),
               help="HMAC key file for the state annotation (one key per line, first signs); default "
               "<cert-dir>/state.key, generated for development when missing.")
-@click.option("--workers", default=2, show_default=True, type=int, envvar=_env("WORKERS"))
-@click.option("--threads", default=8, show_default=True, type=int, envvar=_env("THREADS"))
-@click.option("--max-body-bytes", default=3 * 1024 * 1024, show_default=True, type=int,
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(1, 64), envvar=_env("WORKERS"),
+              help="gunicorn worker processes.")
+@click.option("--threads", default=8, show_default=True, type=click.IntRange(1, 256), envvar=_env("THREADS"),
+              help="Threads per worker.")
+@click.option("--max-body-bytes", default=3 * 1024 * 1024, show_default=True, type=click.IntRange(1024),
               envvar=_env("MAX_BODY_BYTES"), help="Larger AdmissionReview bodies get 413.")
-@click.option("--connection-max-age", default=60.0, show_default=True, type=float,
+@click.option("--connection-max-age", default=60.0, show_default=True, type=click.FloatRange(0),
               envvar=_env("CONNECTION_MAX_AGE"), help="Seconds before a keep-alive connection is closed after "
               "its next response (spreads the apiserver's connections over workers; 0 disables).")
 @click.option("--kubeconfig", envvar=["CSINODE_GUARD_KUBECONFIG", "KUBECONFIG"],
               help="Kubeconfig for cluster lookups (in-cluster config is used inside a pod).")
 @click.option("--offline", is_flag=True, envvar=_env("OFFLINE"), help="Do not contact the Kubernetes API.")
-@click.option("--max-staleness", default=120.0, show_default=True, type=float, envvar=_env("MAX_STALENESS"),
+@click.option("--max-staleness", default=120.0, show_default=True, type=click.FloatRange(1),
+              envvar=_env("MAX_STALENESS"),
               help="Seconds a cache may go without its watch before it counts as unknown.")
-@click.option("--cache-sync-timeout", default=30.0, show_default=True, type=float,
+@click.option("--cache-sync-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
               envvar=_env("CACHE_SYNC_TIMEOUT"), help="Seconds until /readyz reports ready in degraded mode.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]), envvar=_env("LOG_LEVEL"))
@@ -92,6 +96,11 @@ def serve(**kwargs: Any) -> None:
     from webhook.runtime import run  # noqa: PLC0415
 
     sys.exit(run(settings))
+
+
+for _param in serve.params:  # every flag's environment variable shows in --help
+    if isinstance(_param, click.Option):
+        _param.show_envvar = True
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -48,7 +48,8 @@ def check(ctx: RuleContext) -> list[Violation]:
                 rule=RULE_ID,
                 action=rules.rollback_action,
                 why=f"increases are frozen until {format_time(entry.frozen_until)} after a driver version rollback",
-                proceed="wait for the freeze to end, or have an approver justify the increase",
+                proceed="wait for the freeze to end (rolling the driver forward does not lift it), or have an approver "
+                "justify the increase",
                 clamp_to=old,
             )
         )

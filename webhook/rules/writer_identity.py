@@ -16,7 +16,9 @@ def check(ctx: RuleContext) -> list[Violation]:
     if ctx.writer.is_node_kubelet or ctx.writer.is_listed_writer or ctx.justified:
         return []
     who = ctx.writer.username or "(anonymous)"
-    if who.startswith("system:node:"):
+    if who == f"system:node:{ctx.change.node}":
+        why = f"written as {who} but without the group system:nodes, so not as the node's kubelet"
+    elif who.startswith("system:node:"):
         why = f"written by another node's kubelet ({who})"
     else:
         why = f"written by {who}, which is not the node's kubelet nor a writer the policy lists"

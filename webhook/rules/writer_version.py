@@ -69,7 +69,7 @@ def check(ctx: RuleContext) -> list[Violation]:
                         rule=RULE_ID,
                         action=action(rules.version_action),
                         why=f"driver version rolled back {recorded} -> {version}; {freeze_note}",
-                        proceed="roll the driver forward again, or have an approver justify the rollback",
+                        proceed="roll the driver forward, or have an approver justify the rollback",
                         freeze=True,
                     )
                 )
