@@ -53,7 +53,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Any
 
-import jsonpatch  # type: ignore[import-untyped]
+import jsonpatch
 
 from webhook.audit import build_records
 from webhook.budget import IncreaseBudget
