@@ -69,8 +69,8 @@ def run_core(iterations: int = 20000, warmup: int = 500) -> list[CoreResult]:
                 cpu[review.name].append((c1 - c0) / 1000)
     gc.unfreeze()
     results = []
-    for name in wall:
-        w, c = sorted(wall[name]), sorted(cpu[name])
+    for name, samples in wall.items():
+        w, c = sorted(samples), sorted(cpu[name])
         results.append(CoreResult(name, decisions[name], _percentile(w, 0.5), _percentile(w, 0.99),
                                   statistics.median(c), len(w)))
     for label, names in (("tests/data (6)", DATA_REVIEWS), ("all (10)", tuple(wall))):

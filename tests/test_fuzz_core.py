@@ -22,7 +22,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks.reviews import BENCH_KEY, NOW
-from tests.fuzzing import FUZZ, bodies, check_admission_review, json_values, request_uid
+from tests.fuzzing import FUZZ, FUZZ_POLICY, bodies, check_admission_review, json_values, request_uid
 from webhook.cluster import UnknownClusterView
 from webhook.evaluation import Mode, evaluate
 from webhook.policy import PolicyError, bundled_policy_path, load_policy, parse_policy
@@ -136,7 +136,7 @@ def _mutate_policy(doc: Any, draw: st.DrawFn) -> Any:
     return doc
 
 
-@FUZZ
+@FUZZ_POLICY
 @given(st.data())
 def test_a_mutated_policy_document_loads_or_is_refused_with_policy_error(data: st.DataObject) -> None:
     doc = _mutate_policy(copy.deepcopy(DEFAULT_POLICY_DOC), data.draw)
@@ -148,7 +148,7 @@ def test_a_mutated_policy_document_loads_or_is_refused_with_policy_error(data: s
     assert policy.hash and policy.default_driver is not None
 
 
-@FUZZ
+@FUZZ_POLICY
 @given(data=st.data())
 def test_any_policy_file_loads_or_is_refused_with_policy_error(tmp_path_factory: Any, data: st.DataObject) -> None:
     text = bundled_policy_path().read_bytes()
@@ -178,3 +178,33 @@ def test_a_deeply_nested_body_is_a_review_error_or_a_review(depth: int) -> None:
     body += b"1" + b"}" * (depth + 1)
     with pytest.raises(ReviewError):
         parse_review(body)
+
+
+# -- what fuzzing found (kept as plain regression tests) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [pytest.param([], id="a list"), pytest.param(0, id="zero"),
+                                  pytest.param("", id="an empty string"), pytest.param(None, id="null")])
+def test_a_falsy_spec_that_is_no_object_is_judged_not_crashed_on(spec: Any) -> None:
+    doc = json.loads((Path(__file__).parent / "data" / "review-report-39.json").read_bytes())
+    doc["request"]["object"]["spec"] = spec
+    request = parse_review(json.dumps(doc).encode())
+    decision = evaluate(request, POLICY, UnknownClusterView(), NOW, KEYS, mode=Mode.MUTATE)
+    check_admission_review(build_response(request.uid, decision.response, allow_patch=True), mode="mutate")
+
+
+def test_a_signed_state_with_a_field_of_the_wrong_type_is_ignored_as_malformed() -> None:
+    from webhook.state import StateProblem, _canonical, decode_state  # noqa: PLC0415
+
+    doc = {"v": 1, "uid": "u-1", "approvals": [],
+           "drivers": {"ebs.csi.aws.com": {"count": 3, "changedAt": ["not", "a", "time"]}}}
+    doc["sig"] = KEYS.sign(_canonical(doc))
+    decoded = decode_state(_canonical(doc).decode(), "u-1", KEYS)
+    assert decoded.state is None and decoded.problem is StateProblem.MALFORMED
+
+
+def test_a_policy_file_that_is_not_utf8_is_refused_with_policy_error(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_bytes(b"apiVersion: csinode-guard.io/v1alpha1\nkind: \x80GuardPolicy\n")
+    with pytest.raises(PolicyError, match="not UTF-8"):
+        load_policy(path)

@@ -8,7 +8,6 @@ both must hold nothing but whole JSON records.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +21,11 @@ from hypothesis import strategies as st
 from benchmarks.reviews import BENCH_KEY
 from tests.conftest import RunningServer
 from tests.fuzzing import FUZZ, bodies, check_http_answer, request_uid
+from webhook.audit import AuditWriter
+from webhook.cluster import UnknownClusterView
+from webhook.policy_store import PolicyStore
+from webhook.server import Runtime, create_app
+from webhook.state import StateKeys
 
 PATHS = ["/mutate?timeout=10s", "/validate?timeout=10s", "/mutate", "/healthz", "/readyz", "/nothing-here",
          "/mutate/../validate", "/%ff", "/validate?timeout=10s&timeout=x"]
@@ -34,13 +38,6 @@ METHODS = ["POST", "POST", "POST", "GET", "PUT", "DELETE", "PATCH", "OPTIONS"]
 def client() -> Iterator[tuple[FlaskClient, Path]]:
     """The worker's Flask app with the bundled policy, an offline cluster view and a file audit log."""
     directory = Path(tempfile.mkdtemp(prefix="fuzz-http-"))
-    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", str(directory))
-    from webhook.audit import AuditWriter  # noqa: PLC0415 - after PROMETHEUS_MULTIPROC_DIR
-    from webhook.cluster import UnknownClusterView  # noqa: PLC0415
-    from webhook.policy_store import PolicyStore  # noqa: PLC0415
-    from webhook.server import Runtime, create_app  # noqa: PLC0415
-    from webhook.state import StateKeys  # noqa: PLC0415
-
     audit = directory / "audit.log"
     runtime = Runtime(policies=PolicyStore(None), cluster=UnknownClusterView(), keys=StateKeys([BENCH_KEY]),
                       audit=AuditWriter(str(audit)), max_body_bytes=64 * 1024)
@@ -86,3 +83,9 @@ def test_the_served_endpoint_answers_fuzzed_requests_with_a_review_or_a_json_4xx
     assert "Traceback" not in log and "evaluation failed" not in log
     for line in server.audit_log.read_text().splitlines():
         json.loads(line)
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/validate", "/healthz"])
+def test_options_gets_a_json_405_not_flasks_automatic_answer(client: tuple[FlaskClient, Path], path: str) -> None:
+    answer = client[0].options(path)
+    assert answer.status_code == 405 and answer.json == {"error": answer.json["error"], "code": 405}

@@ -132,15 +132,21 @@ _ORJSON_OPTIONS = (
 
 
 def encode_record(record: dict[str, Any]) -> bytes:
-    """One audit line: compact JSON and a newline, UTF-8; whatever JSON cannot hold is written as ``str()``.
+    """One audit line: compact JSON, ASCII only (``\\uXXXX`` escapes), and a newline; what JSON cannot hold is
+    written as ``str()``.
 
-    orjson (with everything it would render itself handed to ``str()``, as ``json.dumps(default=str)`` does);
-    ``json`` for what orjson refuses (lone surrogates, integers beyond 64 bits).
+    ASCII keeps a record on one line for every reader (Python's ``str.splitlines`` also breaks at U+2028 or
+    U+0085, which a node or driver name may carry). orjson when its output is ASCII (everything it would
+    render itself is handed to ``str()``, as ``json.dumps(default=str)`` does); ``json`` otherwise, and for
+    what orjson refuses (lone surrogates, integers beyond 64 bits).
     """
     try:
-        return orjson.dumps(record, default=str, option=_ORJSON_OPTIONS)
+        line = orjson.dumps(record, default=str, option=_ORJSON_OPTIONS)
+        if line.isascii():
+            return line
     except orjson.JSONEncodeError:
-        return (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("utf-8")
+        pass
+    return (json.dumps(record, separators=(",", ":"), default=str) + "\n").encode("ascii")
 
 
 class AuditWriter:

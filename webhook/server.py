@@ -227,23 +227,23 @@ def create_app(runtime: Runtime) -> Flask:
     app.json.sort_keys = False  # type: ignore[attr-defined]
     app.extensions[EXTENSION] = runtime
 
-    @app.post("/mutate")
+    @app.post("/mutate", provide_automatic_options=False)
     def mutate() -> Any:
         return _review(Mode.MUTATE)
 
-    @app.post("/validate")
+    @app.post("/validate", provide_automatic_options=False)
     def validate() -> Any:
         return _review(Mode.VALIDATE)
 
     if os.environ.get(BENCHMARK_NOOP_ENV) == "1":
-        app.add_url_rule("/noop", "noop", _noop, methods=["POST"])
+        app.add_url_rule("/noop", "noop", _noop, methods=["POST"], provide_automatic_options=False)
         log.warning("%s=1: serving the benchmark endpoint POST /noop", BENCHMARK_NOOP_ENV)
 
-    @app.get("/healthz")
+    @app.get("/healthz", provide_automatic_options=False)
     def healthz() -> Any:
         return _json({"status": "ok"})
 
-    @app.get("/readyz")
+    @app.get("/readyz", provide_automatic_options=False)
     def readyz() -> Any:
         snapshot = runtime.policies.current()
         problems = list(runtime.certificate_problems())

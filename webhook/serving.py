@@ -9,14 +9,17 @@ lock and the Prometheus multiprocess directory are created in the master before 
 accepting, lets in-flight requests finish (``graceful_timeout``) and exits 0; audit records are written
 unbuffered, so there is nothing left to flush.
 
-Slow clients: gunicorn 27's gthread worker waits for a new connection's first bytes without a thread, but then
-reads the TLS handshake, the headers and the body in a pool thread with blocking reads and no timeout, so a
+Slow clients: gunicorn 27's gthread worker waits up to 5 s for a new connection's first bytes in a pool thread
+(shortened to ``FIRST_BYTES_WAIT``, after which a silent connection waits in the poller and holds no thread),
+then reads the TLS handshake, the headers and the body in that thread with blocking reads and no timeout, so a
 client that stalls half way would hold the thread forever. Every TLS socket is therefore a
-:class:`DeadlineSSLSocket`: the handshake and each request (headers and body) must arrive within
-``CLIENT_READ_TIMEOUT`` seconds of their start, else the connection is closed and the thread is free again.
-Writes get the same timeout. Closing a keep-alive connection: gunicorn drops the ``Connection`` header an
-application sets, so :func:`honour_connection_close` turns the app's ``Connection: close`` into gunicorn's own
-close (used for ``--connection-max-age`` and for 413 answers, whose unread body is not drained).
+:class:`DeadlineSSLSocket`: the handshake and each request (headers and body) must arrive within the client
+read timeout (5 s; ``CSINODE_GUARD_CLIENT_READ_TIMEOUT``) of their start, else the connection is closed and the
+thread is free again. Writes get the same timeout.
+
+Closing a keep-alive connection: gunicorn drops the ``Connection`` header an application sets, so
+:func:`honour_connection_close` turns the app's ``Connection: close`` into gunicorn's own close (used for
+``--connection-max-age`` and for 413 answers, whose unread body is then not drained).
 """
 
 from __future__ import annotations
@@ -94,17 +97,19 @@ class DeadlineSSLSocket(ssl.SSLSocket):
     read_timeout: ClassVar[float] = DEFAULT_CLIENT_READ_TIMEOUT
     _deadline: float | None = None
     _requested: float | None = None
+    _abandoned = False
 
     def setblocking(self, flag: bool) -> None:
         """Blocking mode starts a new request deadline; non-blocking mode (idle in the poller) clears it."""
-        if flag:
-            self._deadline = time.monotonic() + self.read_timeout
-            self._requested = None
-            super().settimeout(self.read_timeout)
-        else:
+        if not flag:
             self._deadline = None
             self._requested = 0.0
             super().setblocking(False)
+            return
+        if not self._abandoned:  # an abandoned connection is being closed; its reads return end-of-file
+            self._deadline = time.monotonic() + self.read_timeout
+        self._requested = None
+        super().settimeout(self.read_timeout)
 
     def settimeout(self, value: float | None) -> None:
         """Remember the caller's timeout; reads still end at the request deadline."""
@@ -121,7 +126,10 @@ class DeadlineSSLSocket(ssl.SSLSocket):
 
     def _too_slow(self, what: str) -> ClientTooSlowError:
         error = ClientTooSlowError(what, self.read_timeout)
-        self._deadline = None  # one warning per stalled request; the connection is closed next
+        # The connection is closed next. gunicorn's graceful close (in the worker's main thread) drains the
+        # socket for up to 2 s first: a stalled client gets end-of-file at once instead.
+        self._abandoned = True
+        self._deadline = None
         try:
             peer = self.getpeername()
         except OSError:
@@ -141,6 +149,8 @@ class DeadlineSSLSocket(ssl.SSLSocket):
 
     def recv(self, buflen: int = 1024, flags: int = 0) -> bytes:
         """``recv`` bounded by the request deadline."""
+        if self._abandoned:
+            return b""
         self._arm("request")
         try:
             return super().recv(buflen, flags)
@@ -149,6 +159,8 @@ class DeadlineSSLSocket(ssl.SSLSocket):
 
     def recv_into(self, buffer: Any, nbytes: int | None = None, flags: int = 0) -> int:
         """``recv_into`` bounded by the request deadline."""
+        if self._abandoned:
+            return 0
         self._arm("request")
         try:
             return super().recv_into(buffer, nbytes, flags)

@@ -163,24 +163,6 @@ def _canonical(doc: Mapping[str, Any]) -> bytes:
     return _CANONICAL.encode(doc).encode("ascii")
 
 
-def _members(doc: Mapping[str, Any]) -> list[tuple[str, str]]:
-    """The members (``"key":value``) of the canonical form of the JSON object ``doc``, in its (sorted) order.
-
-    ``_joined(_members(doc)) == _canonical(doc)``: what the canonical encoder writes for an object is exactly this.
-    Signing and checking need the canonical form with and without ``sig``; members are encoded once for both.
-    """
-    return [(key, f"{_CANONICAL.encode(key)}:{_CANONICAL.encode(value)}") for key, value in sorted(doc.items())]
-
-
-def _joined(members: list[tuple[str, str]]) -> str:
-    return "{" + ",".join(member for _, member in members) + "}"
-
-
-def _with_signature(members: list[tuple[str, str]], signature: str) -> str:
-    """The canonical form of the object of ``members`` plus ``"sig": signature``."""
-    return _joined(sorted([*members, ("sig", f'"sig":{_CANONICAL.encode(signature)}')]))
-
-
 def _opt_time(value: datetime | None) -> str | None:
     return format_time(value) if value is not None else None
 
@@ -217,8 +199,8 @@ def encode_state(state: GuardState, keys: StateKeys) -> str:
         for a in state.approvals
     ]
     doc: dict[str, Any] = {"v": FORMAT_VERSION, "uid": state.uid, "drivers": drivers, "approvals": approvals}
-    members = _members(doc)
-    return _with_signature(members, keys.sign(_joined(members).encode("ascii")))
+    doc["sig"] = keys.sign(_canonical(doc))
+    return _canonical(doc).decode("ascii")
 
 
 @dataclass(frozen=True)
@@ -292,10 +274,9 @@ def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
     if not isinstance(doc, dict) or not isinstance(doc.get("sig"), str):
         return DecodedState(None, StateProblem.MALFORMED, "no signature")
     signature = doc.pop("sig")
-    members = _members(doc)
-    if not keys.verify(_joined(members).encode("ascii"), signature):
+    if not keys.verify(_canonical(doc), signature):
         return DecodedState(None, StateProblem.BAD_SIGNATURE, "signature does not verify")
-    if _with_signature(members, signature) != value:
+    if _canonical({**doc, "sig": signature}).decode("ascii") != value:
         # The guard writes exactly this form; any other spelling of the same document was edited by someone else.
         return DecodedState(None, StateProblem.MALFORMED, "not in the canonical form csinode-guard writes")
     if doc.get("v") != FORMAT_VERSION:
