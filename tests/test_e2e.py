@@ -270,7 +270,11 @@ def test_metrics_count_requests_by_endpoint_and_decision(server_factory: Any) ->
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
     assert 'csinode_guard_requests_total{decision="allow",dry_run="false",endpoint="mutate"} 1.0' in text
     assert 'csinode_guard_bad_requests_total{code="400"} 1.0' in text
-    assert "csinode_guard_serving_certificate_expiry_timestamp_seconds" in text
+    expiry = [line for line in text.splitlines()
+              if line.startswith("csinode_guard_serving_certificate_expiry_timestamp_seconds ")]
+    assert len(expiry) == 1
+    not_after = tls.certificate_not_after(server.cert_dir / "tls.crt").timestamp()
+    assert float(expiry[0].split()[1]) == pytest.approx(not_after)
 
 
 def test_sigterm_finishes_and_exits_zero(server_factory: Any) -> None:
@@ -307,3 +311,14 @@ def test_serves_from_read_only_secret_mounts_without_generating_anything(tmp_pat
             assert server.stop() == 0
     finally:
         (secret / "certs").chmod(0o700)
+
+
+def test_a_given_metrics_directory_keeps_everything_but_old_samples(server_factory: Any, tmp_path: Path) -> None:
+    shared = tmp_path / "prometheus"
+    shared.mkdir()
+    (shared / "notes.txt").write_text("not ours")
+    (shared / "counter_4242.db").write_bytes(b"stale samples of an earlier run")
+    server = server_factory(env={"PROMETHEUS_MULTIPROC_DIR": str(shared)})
+    assert server.get("/healthz").status == 200
+    assert (shared / "notes.txt").read_text() == "not ours"
+    assert not (shared / "counter_4242.db").exists()

@@ -105,7 +105,7 @@ def _write_client_ca(directory: Path, name: str) -> tuple[Path, Path, Path]:
     return paths
 
 
-def test_with_client_ca_only_the_apiservers_client_certificate_gets_an_answer(tmp_path: Path) -> None:
+def test_with_client_ca_only_the_apiservers_client_certificate_gets_reviews_answered(tmp_path: Path) -> None:
     ca, cert, key = _write_client_ca(tmp_path, "apiserver")
     _, other_cert, other_key = _write_client_ca(tmp_path, "other")
     port = free_port()
@@ -138,9 +138,17 @@ def test_with_client_ca_only_the_apiservers_client_certificate_gets_an_answer(tm
         answer = good.request("POST", "/mutate?timeout=10s", body=review_with_uid("with-client-cert"),
                               headers={"Content-Type": "application/json"})
         assert answer.status == 200 and json.loads(answer.data)["response"]["uid"] == "with-client-cert"
-        for cert_file, key_file in ((None, None), (other_cert, other_key)):
-            with pytest.raises(urllib3.exceptions.HTTPError):
-                pool(cert_file, key_file).request("GET", "/healthz")
+        # No certificate: the probes still answer (kubelet presents none), the reviews are refused.
+        anonymous = pool(None, None)
+        assert anonymous.request("GET", "/healthz").status == 200
+        assert anonymous.request("GET", "/readyz").status == 200
+        refused = anonymous.request("POST", "/mutate?timeout=10s", body=review_with_uid("no-client-cert"),
+                                    headers={"Content-Type": "application/json"})
+        assert refused.status == 403
+        assert "client certificate" in json.loads(refused.data)["error"]
+        # A certificate from another CA fails the handshake itself.
+        with pytest.raises(urllib3.exceptions.HTTPError):
+            pool(other_cert, other_key).request("GET", "/healthz")
     finally:
         process.terminate()
         process.wait(30)

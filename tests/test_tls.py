@@ -931,3 +931,37 @@ def test_cli_help_describes_the_options(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for option in ("--cert-dir", "--dns-name", "--new-ca", "--finish", "caBundle"):
         assert option in result.stdout
+
+
+def test_optional_client_ca_mode_lets_a_client_without_a_certificate_connect(
+    cert_dir: tls.CertPaths, client_ca: ClientCA, serve: Serve
+) -> None:
+    server = serve(
+        lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key, client_ca[0], client_cert_optional=True)
+    )
+
+    outcome = server.connect(client_context(cert_dir.ca_cert))
+
+    assert outcome.client_error is None
+    assert outcome.server_error is None
+
+
+def test_optional_client_ca_mode_still_rejects_a_certificate_from_another_ca(
+    cert_dir: tls.CertPaths, tmp_path: Path, client_ca: ClientCA, serve: Serve
+) -> None:
+    other_key, other_cert = tls.generate_ca("another CA")
+    key, cert = tls.generate_client_cert(other_key, other_cert, "intruder")
+    cert_file, key_file = tmp_path / "intruder.crt", tmp_path / "intruder.key"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    server = serve(
+        lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key, client_ca[0], client_cert_optional=True)
+    )
+    context = client_context(cert_dir.ca_cert)
+    context.load_cert_chain(cert_file, key_file)
+
+    outcome = server.connect(context)
+
+    assert outcome.server_error is not None

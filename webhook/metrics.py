@@ -79,7 +79,7 @@ POLICY_RELOADS = Counter(
 CERT_EXPIRY = Gauge(
     "csinode_guard_serving_certificate_expiry_timestamp_seconds",
     "notAfter of the serving certificate in use, as a Unix timestamp.",
-    multiprocess_mode="min",
+    multiprocess_mode="livemin",
 )
 
 

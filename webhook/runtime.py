@@ -41,7 +41,11 @@ def run(settings: Settings) -> int:
             tls.ensure_dev_certs(settings.cert_dir, names)
             log.warning("generated development certificates in %s (trust %s)", settings.cert_dir,
                         settings.cert_dir / "ca.crt")
-        ssl_source = tls.ReloadingSSLContext(cert_file, key_file, client_ca=settings.client_ca)
+        # With --client-ca the handshake verifies any certificate presented; /mutate and /validate then require
+        # one, while /healthz and /readyz stay reachable for kubelet's probes, which present none.
+        ssl_source = tls.ReloadingSSLContext(
+            cert_file, key_file, client_ca=settings.client_ca, client_cert_optional=True
+        )
         key_path = settings.state_key_path
         if not key_path.exists() and (settings.state_key_file is not None or not settings.generate_certs):
             # Only the development default (<cert-dir>/state.key) is ever generated: a mistyped path must not
@@ -145,6 +149,7 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
         certificate_problems=certificate_problems,
         cert_file=cert_file,
         observe_count=observe_count,
+        require_client_cert=settings.client_ca is not None,
     )
     return create_app(runtime)
 

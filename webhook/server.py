@@ -60,6 +60,8 @@ class Runtime:
     clock: Callable[[], datetime] = _utcnow
     readiness: Callable[[], tuple[bool, str]] = lambda: (True, "offline")
     certificate_problems: Callable[[], list[str]] = list
+    require_client_cert: bool = False
+    """/mutate and /validate answer only clients that presented a verified certificate (``--client-ca``)."""
     observe_count: Callable[[str, int | None, str], object] | None = None
     """Called with (driver, allocatable count, node) for every admitted count (headroom metric)."""
     cert_file: Path | None = None
@@ -134,9 +136,23 @@ def _internal_error_decision() -> AdmissionDecision:
     )
 
 
+def _has_client_certificate(sock: Any) -> bool:
+    """True when the TLS peer presented a certificate that verified against --client-ca."""
+    getpeercert = getattr(sock, "getpeercert", None)
+    if getpeercert is None:
+        return False
+    try:
+        return bool(getpeercert())
+    except (ValueError, OSError):
+        return False
+
+
 def _review(mode: Mode) -> Response:
     runtime: Runtime = current_app.extensions[EXTENSION]
     started = time.perf_counter()
+    if runtime.require_client_cert and not _has_client_certificate(request.environ.get("gunicorn.socket")):
+        return _error(403, "a client certificate signed by the --client-ca is required (the apiserver's webhook "
+                           "client certificate)")
     if request.mimetype != "application/json":
         return _error(415, f"Content-Type must be application/json, not {request.mimetype or '(none)'!r}")
     body = _read_body(runtime.max_body_bytes)

@@ -24,12 +24,12 @@ Closing a keep-alive connection: gunicorn drops the ``Connection`` header an app
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import logging
 import multiprocessing
 import os
-import shutil
 import ssl
 import tempfile
 import time
@@ -214,8 +214,13 @@ def prepare_metrics_dir() -> str:
     """
     existing = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if existing:
-        shutil.rmtree(existing, ignore_errors=True)
+        # Only the sample files of an earlier run go (a restarted container keeps its emptyDir); nothing else in
+        # the directory is touched.
         os.makedirs(existing, exist_ok=True)
+        for name in os.listdir(existing):
+            if name.endswith(".db"):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(existing, name))
         return existing
     path = tempfile.mkdtemp(prefix="csinode-guard-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
@@ -291,15 +296,16 @@ def start_metrics_server(port: int) -> None:
     """Serve the merged multiprocess metrics on plain HTTP ``port`` from a daemon thread (0 disables)."""
     if port <= 0:
         return
-    from prometheus_client import start_http_server  # noqa: PLC0415
+    from prometheus_client import CollectorRegistry, multiprocess, start_http_server  # noqa: PLC0415
 
-    from webhook.metrics import registry_for_exposition  # noqa: PLC0415
-
-    registry = registry_for_exposition()
-    if registry is None:
-        start_http_server(port)
-    else:
+    # The master defines no metrics of its own (webhook.metrics is imported only by the workers), so a gauge
+    # merged with "min" or "max" never sees a master's zero.
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
         start_http_server(port, registry=registry)
+    else:
+        start_http_server(port)
     log.info("metrics on http://0.0.0.0:%d/metrics", port)
 
 

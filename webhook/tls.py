@@ -756,11 +756,15 @@ def build_server_context(
     cert_file: str | os.PathLike[str],
     key_file: str | os.PathLike[str],
     client_ca: str | os.PathLike[str] | None = None,
+    *,
+    client_cert_optional: bool = False,
 ) -> ssl.SSLContext:
     """A server ``SSLContext``: TLS 1.2 minimum, ECDHE+AEAD ciphers for TLS 1.2, no compression.
 
     With ``client_ca`` (PEM file of CA certificates) clients must present a certificate signed by one of
-    them (``CERT_REQUIRED``); without it no client certificate is asked for.
+    them (``CERT_REQUIRED``); without it no client certificate is asked for. With ``client_cert_optional``
+    a client may also connect without a certificate (``CERT_OPTIONAL``: a certificate it presents must still
+    verify); the server then requires one per endpoint (kubelet's HTTPS probes present none).
     Raises ``ssl.SSLError`` for unreadable PEM or a key that does not match the certificate, ``OSError``
     when a file cannot be read.
     """
@@ -771,7 +775,7 @@ def build_server_context(
     context.load_cert_chain(certfile=cert_file, keyfile=key_file)
     if client_ca is not None:
         context.load_verify_locations(cafile=client_ca)
-        context.verify_mode = ssl.CERT_REQUIRED
+        context.verify_mode = ssl.CERT_OPTIONAL if client_cert_optional else ssl.CERT_REQUIRED
     return context
 
 
@@ -805,6 +809,7 @@ class ReloadingSSLContext:
         key_file: str | os.PathLike[str],
         *,
         client_ca: str | os.PathLike[str] | None = None,
+        client_cert_optional: bool = False,
         check_interval: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -812,6 +817,7 @@ class ReloadingSSLContext:
         self.cert_file = Path(cert_file)
         self.key_file = Path(key_file)
         self.client_ca = Path(client_ca) if client_ca is not None else None
+        self.client_cert_optional = client_cert_optional
         self.check_interval = check_interval
         self._clock = clock
         self._lock = threading.Lock()
@@ -883,7 +889,9 @@ class ReloadingSSLContext:
         return True
 
     def _build(self) -> ssl.SSLContext:
-        return build_server_context(self.cert_file, self.key_file, self.client_ca)
+        return build_server_context(
+            self.cert_file, self.key_file, self.client_ca, client_cert_optional=self.client_cert_optional
+        )
 
     def _read_signature(self) -> _FileSignature:
         # File contents, not stat data: inode numbers are reused and mtimes move in coarse ticks, so two
