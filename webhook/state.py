@@ -3,7 +3,7 @@
 Rules need history: when an entry last changed, to what, by which writer version, its last correction, whether
 it is frozen, and the approvals (justifications) recorded for the object. The /mutate endpoint writes this
 annotation on every change it admits; it is keyed by the CSINode's ``metadata.uid`` (a recreated CSINode starts
-fresh) and signed with HMAC-SHA256 (``hmac``) so that an edited, forged, truncated or copied state is
+fresh) and signed with HMAC-SHA256 (``cryptography``) so that an edited, forged, truncated or copied state is
 detected and ignored. Keys rotate: the first key signs, every key verifies.
 
 Wire format (JSON, compact, keys sorted)::
@@ -22,12 +22,14 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
-import hmac
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
+
+from cryptography.hazmat.primitives import constant_time, hashes
+from cryptography.hazmat.primitives import hmac as crypto_hmac
 
 STATE_ANNOTATION = "csinode-guard.io/state"
 FORMAT_VERSION = 1
@@ -120,6 +122,12 @@ class GuardState:
         return GuardState(uid=self.uid, entries=entries, approvals=tuple(a for a in self.approvals if a.expires > now))
 
 
+def _hmac_sha256(key: bytes, payload: bytes) -> bytes:
+    mac = crypto_hmac.HMAC(key, hashes.SHA256())
+    mac.update(payload)
+    return mac.finalize()
+
+
 class StateKeys:
     """HMAC-SHA256 keys for the state: the first signs, all verify (rotation: put the new key first).
 
@@ -140,7 +148,7 @@ class StateKeys:
 
     def sign(self, payload: bytes) -> str:
         """Base64url HMAC-SHA256 of ``payload`` with the signing (first) key."""
-        return base64.urlsafe_b64encode(hmac.digest(self._keys[0], payload, "sha256")).decode("ascii")
+        return base64.urlsafe_b64encode(_hmac_sha256(self._keys[0], payload)).decode("ascii")
 
     def verify(self, payload: bytes, signature: str) -> bool:
         """True when ``signature`` is a valid HMAC of ``payload`` under any key (constant-time compare).
@@ -153,7 +161,7 @@ class StateKeys:
             return False
         if base64.urlsafe_b64encode(raw).decode("ascii") != signature:
             return False  # the decoder skips stray characters and unused bits: only the exact encoding counts
-        return any(hmac.compare_digest(hmac.digest(key, payload, "sha256"), raw) for key in self._keys)
+        return any(constant_time.bytes_eq(_hmac_sha256(key, payload), raw) for key in self._keys)
 
 
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
