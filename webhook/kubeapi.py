@@ -165,34 +165,51 @@ class ClusterNotConfiguredError(Exception):
     """Neither a kubeconfig nor an in-cluster service account to reach the cluster with."""
 
 
-def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    """A ``kubernetes.client.ApiClient`` for ``kubeconfig`` (else ``$KUBECONFIG``; a ``:``-separated list is
-    merged) and its ``context`` (default: the current context), else the in-cluster service account, else
-    ``~/.kube/config`` — the order kubectl uses, so that ``csinode-guard unregister`` works in an emergency
-    wherever kubectl does. Raises :class:`ClusterNotConfiguredError` when there is no source, and
-    ``kubernetes.config.ConfigException`` for a broken one.
+def load_configuration(
+    kubeconfig: str | None = None, context: str | None = None, *, home_fallback: bool = True
+) -> Any | None:
+    """A ``kubernetes.client.Configuration`` for the cluster, or None when no source is configured.
+
+    Order: ``kubeconfig`` (else ``$KUBECONFIG``; a ``:``-separated list is merged) with its ``context``
+    (default: the current one), then the in-cluster service account (token re-read as it rotates), then — with
+    ``home_fallback``, the order kubectl uses — ``~/.kube/config``. Raises :class:`ClusterNotConfiguredError`
+    for ``context`` without a kubeconfig, ``kubernetes.config.ConfigException`` for a broken source.
     """
-    from kubernetes.client.api_client import ApiClient  # noqa: PLC0415 - heavy; only when a command needs it
-    from kubernetes.client.configuration import Configuration  # noqa: PLC0415
+    from kubernetes.client.configuration import Configuration  # noqa: PLC0415 - heavy; only when needed
     from kubernetes.config import incluster_config, kube_config  # noqa: PLC0415
-    from urllib3.util import Retry  # noqa: PLC0415
 
     load_kube_config: Callable[..., None] = kube_config.load_kube_config
     load_incluster_config: Callable[..., None] = incluster_config.load_incluster_config
     configuration = Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
     home_config = os.path.expanduser("~/.kube/config")
-    if not path and not os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.isfile(home_config):
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if not path and not in_cluster and home_fallback and os.path.isfile(home_config):
         path = home_config
     if path:
         load_kube_config(
             config_file=path, context=context, client_configuration=configuration, persist_config=False
         )
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+    elif in_cluster:
         if context:
             raise ClusterNotConfiguredError("--context needs a kubeconfig (--kubeconfig or KUBECONFIG)")
         load_incluster_config(client_configuration=configuration)
     else:
+        return None
+    return configuration
+
+
+def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A ``kubernetes.client.ApiClient`` for the operator commands, found as kubectl finds its cluster
+    (:func:`load_configuration` with the ``~/.kube/config`` fallback), so that ``csinode-guard unregister``
+    works in an emergency wherever kubectl does. Raises :class:`ClusterNotConfiguredError` when there is no
+    source, and ``kubernetes.config.ConfigException`` for a broken one.
+    """
+    from kubernetes.client.api_client import ApiClient  # noqa: PLC0415 - heavy; only when a command needs it
+    from urllib3.util import Retry  # noqa: PLC0415
+
+    configuration = load_configuration(kubeconfig, context)
+    if configuration is None:
         raise ClusterNotConfiguredError(
             "no cluster configured: pass --kubeconfig, set KUBECONFIG, create ~/.kube/config, or run inside a cluster"
         )

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
 from webhook import __version__
 from webhook.cluster import ClusterView, PodVersionSource, UnknownClusterView
+from webhook.kubeapi import load_configuration
 from webhook.providers.settings import CacheSettings
 from webhook.providers.view import KubernetesClusterView
 
@@ -94,28 +94,17 @@ class OfflineCaches:
 
 
 def load_api_client(kubeconfig: str | None = None) -> Any | None:
-    """A ``kubernetes.client.ApiClient`` for the cluster, or None when no cluster is configured.
+    """A ``kubernetes.client.ApiClient`` for the watch caches, or None when no cluster is configured.
 
-    Order: ``kubeconfig`` (``--kubeconfig``), then ``$KUBECONFIG`` (a ``:``-separated list is merged), then the
-    in-cluster service account (``$KUBERNETES_SERVICE_HOST`` and ``/var/run/secrets/kubernetes.io/
-    serviceaccount``, token re-read as it rotates). ``~/.kube/config`` is deliberately not a fallback: a developer's
-    default context must never be watched by accident. A configured but broken source raises
+    The sources of :func:`webhook.kubeapi.load_configuration` without its ``~/.kube/config`` fallback: a
+    developer's default context must never be watched by accident. A configured but broken source raises
     ``kubernetes.config.ConfigException``.
     """
     from kubernetes.client.api_client import ApiClient  # noqa: PLC0415 - heavy; only when a cluster is used
-    from kubernetes.client.configuration import Configuration  # noqa: PLC0415
-    from kubernetes.config import incluster_config, kube_config  # noqa: PLC0415
     from urllib3.util import Retry  # noqa: PLC0415
 
-    load_kube_config: Callable[..., None] = kube_config.load_kube_config
-    load_incluster_config: Callable[..., None] = incluster_config.load_incluster_config
-    configuration = Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG")
-    if path:
-        load_kube_config(config_file=path, client_configuration=configuration, persist_config=False)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        load_incluster_config(client_configuration=configuration)
-    else:
+    configuration = load_configuration(kubeconfig, home_fallback=False)
+    if configuration is None:
         return None
     # One connection per open watch (3 + one per pod watch) plus lists: keep them all pooled.
     configuration.connection_pool_maxsize = max(configuration.connection_pool_maxsize or 0, 16)
