@@ -210,7 +210,7 @@ def _pass_reason(rule: str, ctx: RuleContext) -> str:
     if rule == "writer-version":
         return f"driver version {ctx.driver_version or 'unknown'} ({ctx.driver_policy.version_source.type} source)"
     if rule == "count-ceiling":
-        ceiling, why = ctx.driver_policy.ceiling.resolve(ctx.node_labels)
+        ceiling, why = ctx.ceiling
         return f"within the ceiling {format_count(ceiling)} {('(' + why + ')') if why else ''}".rstrip()
     if rule == CHANGE_RATE:
         if not ctx.change.is_increase:
@@ -626,7 +626,7 @@ class _Evaluation:
         old_value = self.old.annotations.get(STATE_ANNOTATION)
         new_value = self.new.annotations.get(STATE_ANNOTATION)
         if new_state is not None:
-            ops.extend(set_annotation(STATE_ANNOTATION, self._encode(new_state), self.new.has_annotations))
+            ops.extend(set_annotation(STATE_ANNOTATION, encode_state(new_state, self.keys), self.new.has_annotations))
         elif new_value != old_value:
             # Whatever a request itself puts in the state annotation is replaced.
             if old_value is None:
@@ -634,9 +634,6 @@ class _Evaluation:
             else:
                 ops.extend(set_annotation(STATE_ANNOTATION, old_value, self.new.has_annotations))
         return ops
-
-    def _encode(self, state: GuardState) -> str:
-        return encode_state(state, self.keys)
 
     # -- the pipeline ---------------------------------------------------------------------------------------
     def run(self) -> AdmissionDecision:

@@ -8,10 +8,9 @@ Label values are bounded: endpoints, decisions, rule ids, enforcement actions, d
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
+from prometheus_client import Counter, Gauge, Histogram
 
 from webhook.evaluation import AdmissionDecision, Decision
 from webhook.policy import EnforcementAction
@@ -121,12 +120,3 @@ def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, 
         for c in decision.changes:
             if c.frozen:
                 FREEZES.labels(c.change.driver).inc()
-
-
-def registry_for_exposition() -> CollectorRegistry | None:
-    """The registry to serve: a merged multiprocess registry under gunicorn, None (the default) otherwise."""
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        return registry
-    return None

@@ -405,15 +405,13 @@ def _driver_policy(
     profile = None
     if raw_ceiling.get("profile"):
         profile = _find_profile(raw_ceiling["profile"], policy_dir, source, f"{where}.ceiling.profile")
-    for key in ("unknown",):
-        value = raw_ceiling.get(key)
-        if value is not None and raw_ceiling.get("max") is not None and value > raw_ceiling["max"]:
-            raise PolicyError(source, f"{where}.ceiling.{key}", f"{value} is above ceiling.max {raw_ceiling['max']}")
-    for label_value, value in (raw_ceiling.get("values") or {}).items():
-        if raw_ceiling.get("max") is not None and value > raw_ceiling["max"]:
-            raise PolicyError(
-                source, f"{where}.ceiling.values.{label_value}", f"{value} is above ceiling.max {raw_ceiling['max']}"
-            )
+    maximum = raw_ceiling.get("max")
+    if maximum is not None:
+        below_max = {"unknown": raw_ceiling.get("unknown")}
+        below_max.update({f"values.{k}": v for k, v in (raw_ceiling.get("values") or {}).items()})
+        for key, value in below_max.items():
+            if value is not None and value > maximum:
+                raise PolicyError(source, f"{where}.ceiling.{key}", f"{value} is above ceiling.max {maximum}")
     ceiling = Ceiling(
         max=raw_ceiling.get("max"),
         node_label=raw_ceiling.get("nodeLabel"),

@@ -110,23 +110,21 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
     from webhook.server import Runtime, create_app  # noqa: PLC0415
 
     previous: dict[str, str] = {}
+    policy_listeners: list[Any] = []  # told of every new policy (the cluster view's pod version sources)
 
     def on_reload(result: str, snapshot: PolicySnapshot) -> None:
         metrics.POLICY_RELOADS.labels(result).inc()
         if result == "success":
             _publish_policy(snapshot, previous)
+            for listener in policy_listeners:
+                listener(snapshot.policy)
 
     store = PolicyStore(settings.policy, interval=settings.policy_reload_interval, on_reload=on_reload)
     _publish_policy(store.current(), previous)
-    store.start()
     cluster, readiness, on_policy, observe_count = build_cluster(settings, store.current().policy)
     if on_policy is not None:
-        def on_reload_cluster(result: str, snapshot: PolicySnapshot) -> None:
-            on_reload(result, snapshot)
-            if result == "success":
-                on_policy(snapshot.policy)
-
-        store._on_reload = on_reload_cluster
+        policy_listeners.append(on_policy)
+    store.start()
 
     def certificate_problems() -> list[str]:
         with contextlib.suppress(Exception):  # unreadable files are reported by certificate_problems

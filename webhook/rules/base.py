@@ -6,6 +6,7 @@ evaluation gathers the facts (state, cluster view answers, justifications) into 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,6 +49,11 @@ class RuleContext:
     attach_errors: Sequence[AttachError] | None
     update_period: float | None
     now: datetime
+
+    @functools.cached_property
+    def ceiling(self) -> tuple[int | None, str]:
+        """The driver's ceiling for this node (count, None = none) and why; resolved once per change."""
+        return self.driver_policy.ceiling.resolve(self.node_labels)
 
     @property
     def justified(self) -> bool:

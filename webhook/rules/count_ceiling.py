@@ -33,7 +33,7 @@ def check(ctx: RuleContext) -> list[Violation]:
             )
         ]
     found: list[Violation] = []
-    ceiling, ceiling_why = ctx.driver_policy.ceiling.resolve(ctx.node_labels)
+    ceiling, ceiling_why = ctx.ceiling
     if new >= INT32_MAX:
         keep = old if old is not None else ceiling
         found.append(
