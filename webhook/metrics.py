@@ -75,11 +75,6 @@ POLICY_RELOADS = Counter(
     "Policy reload attempts by result (success|invalid).",
     ["result"],
 )
-CERT_EXPIRY = Gauge(
-    "csinode_guard_serving_certificate_expiry_timestamp_seconds",
-    "notAfter of the serving certificate in use, as a Unix timestamp.",
-    multiprocess_mode="livemin",
-)
 
 
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}

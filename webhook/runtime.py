@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 from datetime import UTC, datetime
@@ -67,7 +66,7 @@ def run(settings: Settings) -> int:
     )
 
     def when_ready(_server: Any) -> None:
-        start_metrics_server(settings.metrics_port)
+        start_metrics_server(settings.metrics_port, cert_file)
 
     def ssl_hook(_conf: Any, _default: Any) -> Any:
         return ssl_source.context()
@@ -127,8 +126,6 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
     store.start()
 
     def certificate_problems() -> list[str]:
-        with contextlib.suppress(Exception):  # unreadable files are reported by certificate_problems
-            metrics.CERT_EXPIRY.set(tls.certificate_not_after(cert_file).timestamp())
         problems = tls.certificate_problems(cert_file, now=datetime.now(UTC))
         for p in problems:
             log.error("serving certificate: %s", p)

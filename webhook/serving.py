@@ -33,7 +33,7 @@ import os
 import ssl
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -292,20 +292,52 @@ def gunicorn_options(settings: Settings, cert_file: Path, key_file: Path, ssl_ho
     }
 
 
-def start_metrics_server(port: int) -> None:
-    """Serve the merged multiprocess metrics on plain HTTP ``port`` from a daemon thread (0 disables)."""
+class CertificateExpiryCollector:
+    """``csinode_guard_serving_certificate_expiry_timestamp_seconds``: notAfter of the serving certificate on
+    disk, read at every scrape in the process that serves /metrics.
+
+    A worker-side gauge would read 0 from a worker that has imported the metrics but not set them yet (a
+    booting or replaced worker); the file is what every worker reloads within seconds anyway.
+    """
+
+    def __init__(self, cert_file: Path) -> None:
+        self.cert_file = cert_file
+
+    def collect(self) -> Iterator[Any]:
+        """One gauge sample, or none while the file cannot be read (the /readyz problem says why)."""
+        from prometheus_client.core import GaugeMetricFamily  # noqa: PLC0415
+
+        from webhook.tls import certificate_not_after  # noqa: PLC0415
+
+        family = GaugeMetricFamily(
+            "csinode_guard_serving_certificate_expiry_timestamp_seconds",
+            "notAfter of the serving certificate, as a Unix timestamp.",
+        )
+        with contextlib.suppress(Exception):
+            family.add_metric([], certificate_not_after(self.cert_file).timestamp())
+        yield family
+
+
+def start_metrics_server(port: int, cert_file: Path | None = None) -> None:
+    """Serve the merged multiprocess metrics on plain HTTP ``port`` from a daemon thread (0 disables).
+
+    With ``cert_file``, the serving certificate's expiry is collected at scrape time
+    (:class:`CertificateExpiryCollector`).
+    """
     if port <= 0:
         return
-    from prometheus_client import CollectorRegistry, multiprocess, start_http_server  # noqa: PLC0415
+    from prometheus_client import REGISTRY, CollectorRegistry, multiprocess, start_http_server  # noqa: PLC0415
 
     # The master defines no metrics of its own (webhook.metrics is imported only by the workers), so a gauge
     # merged with "min" or "max" never sees a master's zero.
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-        start_http_server(port, registry=registry)
     else:
-        start_http_server(port)
+        registry = REGISTRY
+    if cert_file is not None:
+        registry.register(CertificateExpiryCollector(cert_file))
+    start_http_server(port, registry=registry)
     log.info("metrics on http://0.0.0.0:%d/metrics", port)
 
 
