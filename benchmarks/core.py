@@ -2,7 +2,8 @@
 
 Each iteration decodes the HTTP body (JSON included), judges it with the bundled default policy and builds the
 AdmissionReview answer, as /mutate does for one request. The process is pinned to one CPU and its startup
-objects are frozen out of the garbage collector (``gc.freeze()``), as the server does in each worker.
+objects are frozen out of the garbage collector and the youngest generation's threshold is raised, as the server
+does in each worker (``webhook.gctuning.settle_for_requests``).
 Reported per review and over all of them: p50 and p99 of wall-clock microseconds per iteration, and the p50 of
 the thread's CPU time (what the iteration cost the CPU, whatever else the machine was doing).
 """
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from benchmarks.reviews import BENCH_KEY, DATA_REVIEWS, NOW, realistic_reviews
 from webhook.cluster import UnknownClusterView
 from webhook.evaluation import Mode, evaluate
+from webhook.gctuning import settle_for_requests
 from webhook.policy import load_policy
 from webhook.review import build_response, parse_review
 from webhook.state import StateKeys
@@ -52,8 +54,8 @@ def run_core(iterations: int = 20000, warmup: int = 500) -> list[CoreResult]:
     for review in reviews:
         request = parse_review(review.body)
         decisions[review.name] = evaluate(request, policy, cluster, NOW, keys, mode=Mode.MUTATE).decision.value
-    gc.collect()
-    gc.freeze()
+    thresholds = gc.get_threshold()
+    settle_for_requests()
     wall: dict[str, list[float]] = {r.name: [] for r in reviews}
     cpu: dict[str, list[float]] = {r.name: [] for r in reviews}
     perf, thread_time = time.perf_counter_ns, time.thread_time_ns
@@ -68,6 +70,7 @@ def run_core(iterations: int = 20000, warmup: int = 500) -> list[CoreResult]:
                 wall[review.name].append((t1 - t0) / 1000)
                 cpu[review.name].append((c1 - c0) / 1000)
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
     results = []
     for name, samples in wall.items():
         w, c = sorted(samples), sorted(cpu[name])

@@ -11,13 +11,16 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import math
 import os
+from collections.abc import Callable
 from typing import Any
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from benchmarks.reviews import realistic_reviews
+from webhook.review import decode_json
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "150"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
@@ -138,3 +141,81 @@ def check_http_answer(status: int, content_type: str, body: bytes, *, path: str,
         check_admission_review(document, mode=path.split("?", maxsplit=1)[0].lstrip("/"), uid=uid)
     elif status >= 400:
         assert document["code"] == status and isinstance(document["error"], str), document
+
+
+INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal JSON values, NaN equal to NaN, int distinct from float (1 vs 1.0); iterative (deep input).
+
+    ``b`` may hold a float where ``a`` holds an integer beyond 64 bits (decode_json's documented difference),
+    and only there.
+    """
+    pending = [(a, b)]
+    while pending:
+        x, y = pending.pop()
+        if type(x) is int and type(y) is float and not INT64_MIN <= x <= UINT64_MAX:
+            if float(x) != y:
+                return False
+            continue
+        if type(x) is not type(y):
+            return False
+        if isinstance(x, float):
+            if not (x == y or (math.isnan(x) and math.isnan(y))):
+                return False
+        elif isinstance(x, list):
+            if len(x) != len(y):
+                return False
+            pending.extend(zip(x, y, strict=True))
+        elif isinstance(x, dict):
+            if list(x) != list(y):
+                return False
+            pending.extend((x[k], y[k]) for k in x)
+        elif x != y:
+            return False
+    return True
+
+
+def nesting_depth(text: bytes) -> int:
+    """Deepest nesting of ``[``/``{`` outside JSON strings."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for byte in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in b"[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif byte in b"]}":
+            depth -= 1
+    return deepest
+
+
+def check_decode_json(text: bytes, decode: Callable[[bytes], Any] = decode_json) -> None:
+    """Assert ``decode(text)`` gives what ``json.loads(text)`` gives: the same value (integers beyond 64 bits
+    may be floats) or the same exception type, or a value where json's recursion limit refuses nesting of at
+    most 1024 levels (decode_json's documented differences)."""
+    try:
+        expected: tuple[str, Any] = ("value", json.loads(text))
+    except Exception as exc:  # the same exception type is part of the contract
+        expected = ("error", type(exc).__name__)
+    try:
+        actual: tuple[str, Any] = ("value", decode(text))
+    except Exception as exc:
+        actual = ("error", type(exc).__name__)
+    if expected == ("error", "RecursionError") and actual[0] == "value":
+        assert nesting_depth(text) <= 1024, "decode_json decoded nesting deeper than 1024 levels"
+        return
+    assert expected[0] == actual[0], f"decode_json differs from json.loads: {expected[1]!r} vs {actual[1]!r}"
+    if expected[0] == "value":
+        assert _same(expected[1], actual[1]), "decode_json differs from json.loads"
+    else:
+        assert expected[1] == actual[1], f"decode_json differs from json.loads: {expected[1]} vs {actual[1]}"

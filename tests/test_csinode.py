@@ -41,7 +41,7 @@ def test_parse_csinode_reads_the_object_kubelet_created() -> None:
     assert node.annotations["storage.alpha.kubernetes.io/migrated-plugins"].startswith("kubernetes.io/aws-ebs")
     assert list(node.drivers) == [EFS]
     efs = node.drivers[EFS]
-    assert (efs.name, efs.node_id, efs.allocatable_count, efs.index) == (EFS, "i-0a1b2c3d4e5f60718", None, 0)
+    assert (efs.name, efs.node_id, efs.allocatable_count, efs.position) == (EFS, "i-0a1b2c3d4e5f60718", None, 0)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_parse_csinode_reads_allocatable_count(entry: dict[str, Any], expected: 
 def test_parse_csinode_indexes_drivers_by_name_and_keeps_their_position() -> None:
     node = parse_csinode(with_drivers(driver_entry(EFS, None), driver_entry(EBS, 25), driver_entry(GCE, 15)))
 
-    assert {name: d.index for name, d in node.drivers.items()} == {EFS: 0, EBS: 1, GCE: 2}
+    assert {name: d.position for name, d in node.drivers.items()} == {EFS: 0, EBS: 1, GCE: 2}
 
 
 @pytest.mark.parametrize(

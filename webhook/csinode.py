@@ -13,7 +13,7 @@ import enum
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, TypeGuard
 
 INT32_MAX = 2147483647
 
@@ -22,19 +22,20 @@ class CSINodeError(ValueError):
     """An object in the AdmissionRequest is not a usable CSINode (message says which field)."""
 
 
-@dataclass(frozen=True)
-class CSINodeDriver:
-    """One ``spec.drivers[]`` entry. ``allocatable_count`` is None for unbounded; ``index`` is its position."""
+class CSINodeDriver(NamedTuple):
+    """One ``spec.drivers[]`` entry. ``allocatable_count`` is None for unbounded; ``position`` its index.
+
+    Immutable values (a named tuple: built a few times per review, where a frozen dataclass costs twice as much).
+    """
 
     name: str
     node_id: str
     allocatable_count: int | None
-    index: int
+    position: int
 
 
-@dataclass(frozen=True)
-class CSINode:
-    """The parts of a CSINode the guard reads. ``drivers`` maps driver name -> entry.
+class CSINode(NamedTuple):
+    """The parts of a CSINode the guard reads (an immutable named tuple). ``drivers`` maps driver name -> entry.
 
     ``name`` is the node name (a CSINode is named after its Node), ``uid`` is ``metadata.uid``,
     ``annotations`` is ``metadata.annotations`` (empty when absent).
@@ -47,9 +48,9 @@ class CSINode:
     has_annotations: bool
 
 
-def _is_mapping(value: Any) -> bool:
+def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
     """``isinstance(value, Mapping)`` with a fast path for the dicts JSON decoding gives."""
-    return isinstance(value, (dict, Mapping))
+    return type(value) is dict or isinstance(value, Mapping)
 
 
 def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
@@ -62,51 +63,57 @@ def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
     if not _is_mapping(metadata):
         raise CSINodeError(f"{where}.metadata must be an object")
     raw_annotations = metadata.get("annotations")
-    annotations: dict[str, str] = {}
-    has_annotations = _is_mapping(raw_annotations)
-    if has_annotations:
-        annotations = {str(k): str(v) for k, v in (raw_annotations or {}).items()}
+    annotations: Mapping[str, str] = {}
+    has_annotations = False
+    if _is_mapping(raw_annotations):
+        has_annotations = True
+        annotations = raw_annotations  # JSON gives string keys; values are copied only when one is not a string
+        if not all(type(v) is str for v in raw_annotations.values()):
+            annotations = {str(k): str(v) for k, v in raw_annotations.items()}
     elif raw_annotations is not None:
         raise CSINodeError(f"{where}.metadata.annotations must be an object")
     spec = obj.get("spec") or {}
     if not _is_mapping(spec):
         raise CSINodeError(f"{where}.spec must be an object")
     raw_drivers = spec.get("drivers") or []
-    if not isinstance(raw_drivers, list):
+    if type(raw_drivers) is not list:
         raise CSINodeError(f"{where}.spec.drivers must be a list")
     drivers: dict[str, CSINodeDriver] = {}
     for i, entry in enumerate(raw_drivers):
-        if not _is_mapping(entry) or not isinstance(entry.get("name"), str) or not entry["name"]:
+        name = entry.get("name") if _is_mapping(entry) else None
+        if type(name) is not str or not name:
             raise CSINodeError(f"{where}.spec.drivers[{i}] must be an object with a name")
-        name = entry["name"]
         if name in drivers:
             raise CSINodeError(f"{where}.spec.drivers has driver {name!r} twice")
+        node_id = entry.get("nodeID") or ""
         drivers[name] = CSINodeDriver(
-            name=name,
-            node_id=str(entry.get("nodeID") or ""),
-            allocatable_count=_read_count(entry.get("allocatable"), f"{where}.spec.drivers[{i}]"),
-            index=i,
+            name,
+            node_id if type(node_id) is str else str(node_id),
+            _read_count(entry.get("allocatable"), where, i),
+            i,
         )
+    name = metadata.get("name") or ""
+    uid = metadata.get("uid") or ""
     return CSINode(
-        name=str(metadata.get("name") or ""),
-        uid=str(metadata.get("uid") or ""),
-        annotations=annotations,
-        drivers=drivers,
-        has_annotations=has_annotations,
+        name if type(name) is str else str(name),
+        uid if type(uid) is str else str(uid),
+        annotations,
+        drivers,
+        has_annotations,
     )
 
 
-def _read_count(allocatable: Any, where: str) -> int | None:
+def _read_count(allocatable: Any, where: str, index: int) -> int | None:
     if allocatable is None:
         return None
     if not _is_mapping(allocatable):
-        raise CSINodeError(f"{where}.allocatable must be an object")
+        raise CSINodeError(f"{where}.spec.drivers[{index}].allocatable must be an object")
     count = allocatable.get("count")
-    if count is None:
-        return None
+    if count is None or (type(count) is int and count >= 0):
+        return count
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise CSINodeError(f"{where}.allocatable.count must be a non-negative integer")
-    return count
+        raise CSINodeError(f"{where}.spec.drivers[{index}].allocatable.count must be a non-negative integer")
+    return int(count)
 
 
 class ChangeKind(enum.StrEnum):
@@ -157,7 +164,7 @@ def diff_drivers(old: CSINode, new: CSINode) -> list[CountChange]:
     Registrations (only in ``new``) and removals (only in ``old``) are not changes.
     """
     changes: list[CountChange] = []
-    for name, entry in sorted(new.drivers.items(), key=lambda kv: kv[1].index):
+    for name, entry in sorted(new.drivers.items(), key=lambda kv: kv[1].position):
         before = old.drivers.get(name)
         if before is None or before.allocatable_count == entry.allocatable_count:
             continue
@@ -167,7 +174,7 @@ def diff_drivers(old: CSINode, new: CSINode) -> list[CountChange]:
                 driver=name,
                 old=before.allocatable_count,
                 new=entry.allocatable_count,
-                index=entry.index,
+                index=entry.position,
             )
         )
     return changes

@@ -14,11 +14,13 @@ the most restrictive allowed count (closest to the old one); ``warn`` -> warning
 from __future__ import annotations
 
 import enum
+import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from webhook.budget import IncreaseBudget
 from webhook.cluster import AttachError, AttachErrorClass, ClusterView
@@ -64,9 +66,9 @@ class Decision(enum.StrEnum):
     SKIP = "skip"
 
 
-@dataclass(frozen=True)
-class RuleOutcome:
-    """One rule's result for one change (``driver`` None: a request-level finding).
+class RuleOutcome(NamedTuple):
+    """One rule's result for one change (``driver`` None: a request-level finding); an immutable named tuple
+    (five or more per review: cheaper to build than a frozen dataclass).
 
     ``result`` is ``pass`` or ``violation``; ``enforcement`` the configured action, ``effective`` what it did
     after scope, exemptions and mode. ``message`` is the full ``[rule] node/driver: old -> new: why; how``
@@ -171,12 +173,19 @@ def _driver_version(dp: DriverPolicy, obj: CSINode, cluster: ClusterView, node: 
     raw = obj.annotations.get(source.annotation)
     if not raw:
         return None
+    value = _published_versions(raw).get(driver)
+    return value if isinstance(value, str) and value else None
+
+
+@functools.lru_cache(maxsize=1024)
+def _published_versions(raw: str) -> Mapping[str, Any]:
+    """The driver-versions annotation decoded (empty when it is not a JSON object); remembered per value, as
+    every write of a node carries the same one. Read-only: the result is shared."""
     try:
         versions = json.loads(raw)
     except (json.JSONDecodeError, RecursionError):
-        return None
-    value = versions.get(driver) if isinstance(versions, dict) else None
-    return value if isinstance(value, str) and value else None
+        return {}
+    return MappingProxyType(versions) if isinstance(versions, dict) else {}
 
 
 def _raw_drivers(obj: Mapping[str, Any] | None) -> list[Any]:
@@ -324,8 +333,9 @@ class _Evaluation:
             is_listed_writer=policy.writers.contains(request.username, request.groups),
         )
         self.decoded: DecodedState = decode_state(old.annotations.get(STATE_ANNOTATION), self.uid, keys)
-        self.state = self.decoded.state or GuardState(uid=self.uid)
-        self.approvals: list[Approval] = list(self.state.approvals)
+        state = self.decoded.state
+        self.entries: Mapping[str, EntryState] = state.entries if state is not None else {}
+        self.approvals: list[Approval] = list(state.approvals) if state is not None else []
         self.approvals_recorded = 0
 
     # -- findings -------------------------------------------------------------------------------------------
@@ -340,17 +350,19 @@ class _Evaluation:
             return EnforcementAction.DENY
         return action
 
-    def _add(self, change: CountChange | None, v: Violation) -> None:
+    def _add(self, change: CountChange | None, v: Violation, *, replaces_pass: bool = False) -> None:
         effective = self._effective(v, change)
-        # A rule that passed earlier (change-rate before the budget check) is replaced, not listed twice.
-        at = next(
-            (
-                i
-                for i, o in enumerate(self.outcomes)
-                if change is not None and o.rule == v.rule and o.driver == change.driver and o.result == "pass"
-            ),
-            len(self.outcomes),
-        )
+        at = len(self.outcomes)
+        if replaces_pass and change is not None:
+            # A rule that passed earlier (change-rate before the budget check) is replaced, not listed twice.
+            at = next(
+                (
+                    i
+                    for i, o in enumerate(self.outcomes)
+                    if o.rule == v.rule and o.driver == change.driver and o.result == "pass"
+                ),
+                at,
+            )
         self.findings.append(_Finding(change, v, effective, at))
         suffix = ""
         if effective is EnforcementAction.CLAMP:
@@ -423,7 +435,7 @@ class _Evaluation:
             policy=self.policy,
             driver_policy=dp,
             writer=self.writer,
-            entry=self.state.entries.get(change.driver),
+            entry=self.entries.get(change.driver),
             approvals=tuple(self.approvals),
             driver_version=_driver_version(dp, self.new, self.cluster, self.node, change.driver),
             node_labels=self.labels,
@@ -468,6 +480,7 @@ class _Evaluation:
                     "is worth a look",
                     clamp_to=c.old,
                 ),
+                replaces_pass=True,
             )
 
     def _settle_moot_denials(self, finals: Mapping[str, int | None]) -> None:
@@ -487,8 +500,7 @@ class _Evaluation:
                 and c.new != c.old
             ):
                 self.findings[i] = _Finding(c, f.violation, EnforcementAction.CLAMP, f.outcome)
-                self.outcomes[f.outcome] = replace(
-                    self.outcomes[f.outcome],
+                self.outcomes[f.outcome] = self.outcomes[f.outcome]._replace(
                     effective=EnforcementAction.CLAMP,
                     message=_line(self.node, c, f.violation, f" (clamped to {format_count(c.old)})"),
                 )
@@ -554,8 +566,7 @@ class _Evaluation:
     def _next_state(self, changes: Sequence[CountChange], finals: Mapping[str, int | None]) -> tuple[
         GuardState | None, list[ChangeOutcome]
     ]:
-        entries_changed = False
-        state = self.state
+        entries: dict[str, EntryState] | None = None  # a copy, made at the first changed entry
         outcomes: list[ChangeOutcome] = []
         for c in changes:
             final = finals[c.driver]
@@ -563,7 +574,7 @@ class _Evaluation:
             if final == c.old:
                 outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
                 continue
-            prev = state.entries.get(c.driver)
+            prev = self.entries.get(c.driver)
             freeze = any(f.change is c and self._freezes(f) for f in self.findings)
             frozen_until = prev.frozen_until if prev and prev.frozen_until and prev.frozen_until > self.now else None
             if freeze:
@@ -586,15 +597,16 @@ class _Evaluation:
                 frozen_until=frozen_until,
                 correction=correction,
             )
-            state = state.with_entry(c.driver, entry)
-            entries_changed = True
+            if entries is None:
+                entries = dict(self.entries)
+            entries[c.driver] = entry
             outcomes.append(ChangeOutcome(c, final, ctx.driver_version, basis, freeze))
-        if not entries_changed and not self.approvals_recorded:
+        if entries is None and not self.approvals_recorded:
             return None, outcomes
         # Entries of drivers that are not in the object now are kept: kubelet removes a driver whose node plugin
         # restarts and registers it again, and its history (freeze, correction, version) must survive that.
-        state = GuardState(uid=state.uid, entries=state.entries, approvals=tuple(self.approvals)).pruned(self.now)
-        return state, outcomes
+        approvals = tuple(a for a in self.approvals if a.expires > self.now)  # expired approvals are dropped
+        return GuardState(self.uid, self.entries if entries is None else entries, approvals), outcomes
 
     def _patch(self, changes: Sequence[CountChange], finals: Mapping[str, int | None],
                new_state: GuardState | None) -> list[Operation]:

@@ -29,8 +29,8 @@ def set_count(index: int, count: int, has_allocatable: bool) -> Operation:
     When the entry has no ``allocatable`` object (unbounded), the whole object is added instead.
     """
     if has_allocatable:
-        return {"op": "add", "path": pointer("spec", "drivers", index, "allocatable", "count"), "value": count}
-    return {"op": "add", "path": pointer("spec", "drivers", index, "allocatable"), "value": {"count": count}}
+        return {"op": "add", "path": f"/spec/drivers/{index}/allocatable/count", "value": count}
+    return {"op": "add", "path": f"/spec/drivers/{index}/allocatable", "value": {"count": count}}
 
 
 def replace_drivers(drivers: Sequence[Any]) -> Operation:

@@ -71,7 +71,7 @@ class Principals:
 
     def contains(self, username: str, groups: tuple[str, ...]) -> bool:
         """True when the requester (``userInfo.username``/``groups``) is one of these principals."""
-        if username in self.users or any(g in self.groups for g in groups):
+        if username in self.users or not self.groups.isdisjoint(groups):
             return True
         prefix = "system:serviceaccount:"
         if username.startswith(prefix):

@@ -116,27 +116,21 @@ def _require(mapping: Mapping[str, Any], key: str, kind: type, where: str) -> An
     return value
 
 
-_NUMBERS_AND_OPENERS = bytes.maketrans(b"0123456789[", b"0000000000{")
-_LONG_NUMBER = b"0" * 19
-_MAX_FAST_OPENERS = 500
-
-
 def decode_json(body: bytes | str) -> Any:
-    """``json.loads(body)``, faster: the same value, or the same exception, for every input.
+    """``json.loads(body)``, about three times faster (orjson), with two documented differences.
 
-    orjson decodes about three times faster than ``json``. Where the two could differ, ``json`` decodes:
-    orjson turns integers beyond 64 bits into floats (a run of 19 digits or more goes to ``json``), and stops
-    at a nesting depth of 1024 where ``json`` stops at the interpreter's recursion limit (500 or more ``{``/``[``
-    go to ``json``). Everything orjson refuses (NaN, 1e400, lone surrogates, a byte order mark, UTF-16/32
-    text, which ``json`` accepts) is handed to ``json`` too, which then accepts or refuses it as before.
+    Everything orjson refuses (NaN, 1e400, lone surrogates, a byte order mark, UTF-16/32 text, nesting deeper
+    than 1024) goes to ``json``, which then accepts or refuses it as it always did. Where orjson accepts a body,
+    it gives what ``json`` gives except: an integer literal beyond 64 bits becomes a float (no Kubernetes object
+    holds one: API integers are int32 or int64, and the apiserver serializes typed objects; a float
+    ``allocatable.count`` is refused as not a CSINode), and nesting between the interpreter's recursion limit
+    (about 1,000 levels) and 1024 is decoded where ``json`` raises RecursionError.
     """
     if orjson is not None and not isinstance(body, str):
-        shape = bytes(body).translate(_NUMBERS_AND_OPENERS)
-        if _LONG_NUMBER not in shape and shape.count(b"{") < _MAX_FAST_OPENERS:
-            try:
-                return orjson.loads(body)
-            except orjson.JSONDecodeError:
-                pass
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
     return json.loads(body)
 
 
@@ -232,6 +226,16 @@ class AdmissionResponse:
     audit_annotations: Mapping[str, str] = field(default_factory=dict)
 
 
+def _dumps_compact(value: Any) -> bytes:
+    """Compact JSON (orjson; ``json`` for what orjson refuses: lone surrogates, integers beyond 64 bits)."""
+    if orjson is not None:
+        try:
+            return orjson.dumps(value)
+        except orjson.JSONEncodeError:
+            pass
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
 def build_response(uid: str, response: AdmissionResponse, *, allow_patch: bool) -> dict[str, Any]:
     """Build the AdmissionReview JSON document answering request ``uid``.
 
@@ -259,7 +263,7 @@ def build_response(uid: str, response: AdmissionResponse, *, allow_patch: bool) 
                 raise ValueError(f"audit annotation key {key!r} must not contain '/'")
         body["auditAnnotations"] = dict(response.audit_annotations)
     if allow_patch and response.allowed and response.patch:
-        raw = json.dumps(list(response.patch), separators=(",", ":")).encode()
+        raw = _dumps_compact(list(response.patch))
         body["patchType"] = "JSONPatch"
         body["patch"] = base64.b64encode(raw).decode("ascii")
     return {"apiVersion": API_VERSION, "kind": KIND, "response": body}

@@ -22,12 +22,14 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
 from cryptography.hazmat.primitives import constant_time, hashes
 from cryptography.hazmat.primitives import hmac as crypto_hmac
 
@@ -46,9 +48,15 @@ class StateProblem(enum.StrEnum):
     UNSUPPORTED_VERSION = "unsupported-version"
 
 
+@functools.lru_cache(maxsize=256)
 def format_time(when: datetime) -> str:
-    """RFC 3339 UTC with milliseconds, e.g. ``2026-11-30T01:02:03.000Z``."""
-    return when.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """RFC 3339 UTC with milliseconds, e.g. ``2026-11-30T01:02:03.000Z``.
+
+    Remembered for recent values: one review formats its clock for the state and for the audit record.
+    """
+    if when.tzinfo is not UTC:
+        when = when.astimezone(UTC)
+    return when.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def parse_time(text: str) -> datetime:
@@ -122,8 +130,12 @@ class GuardState:
         return GuardState(uid=self.uid, entries=entries, approvals=tuple(a for a in self.approvals if a.expires > now))
 
 
-def _hmac_sha256(key: bytes, payload: bytes) -> bytes:
-    mac = crypto_hmac.HMAC(key, hashes.SHA256())
+def _keyed(key: bytes) -> crypto_hmac.HMAC:
+    return crypto_hmac.HMAC(key, hashes.SHA256())
+
+
+def _hmac_sha256(keyed: crypto_hmac.HMAC, payload: bytes) -> bytes:
+    mac = keyed.copy()  # a copy of the keyed context: the key schedule is not redone per signature
     mac.update(payload)
     return mac.finalize()
 
@@ -141,7 +153,7 @@ class StateKeys:
         for k in keys:
             if len(k) < MIN_KEY_BYTES:
                 raise ValueError(f"a state HMAC key must have at least {MIN_KEY_BYTES} bytes")
-        self._keys = tuple(keys)
+        self._keys = tuple(_keyed(k) for k in keys)
 
     def __repr__(self) -> str:
         return f"StateKeys(<{len(self._keys)} key(s)>)"
@@ -168,6 +180,18 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_asci
 
 
 def _canonical(doc: Mapping[str, Any]) -> bytes:
+    """Compact JSON, keys sorted, ASCII only (``\\uXXXX`` escapes): the one form the guard signs and writes.
+
+    orjson writes the same bytes as ``json`` with these settings whenever its output is ASCII (sorted keys
+    then compare alike, and both escape ``"``, ``\\`` and control characters the same way); text with
+    non-ASCII characters and what orjson refuses (integers beyond 64 bits) go to ``json``.
+    """
+    try:
+        text = orjson.dumps(doc, option=orjson.OPT_SORT_KEYS)
+        if text.isascii():
+            return text
+    except (orjson.JSONEncodeError, TypeError):
+        pass
     return _CANONICAL.encode(doc).encode("ascii")
 
 
@@ -276,9 +300,12 @@ def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
     if value is None or value == "":
         return DecodedState(None, StateProblem.MISSING)
     try:
-        doc = json.loads(value)
-    except (json.JSONDecodeError, RecursionError) as exc:
-        return DecodedState(None, StateProblem.MALFORMED, f"not JSON: {exc}")
+        doc = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        try:  # what orjson refuses and json reads (NaN, lone surrogates) then fails the canonical-form check
+            doc = json.loads(value)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            return DecodedState(None, StateProblem.MALFORMED, f"not JSON: {exc}")
     if not isinstance(doc, dict) or not isinstance(doc.get("sig"), str):
         return DecodedState(None, StateProblem.MALFORMED, "no signature")
     signature = doc.pop("sig")

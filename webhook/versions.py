@@ -45,8 +45,12 @@ def is_prerelease_tag(prerelease: str) -> bool:
     return first.startswith(PRERELEASE_TAGS)
 
 
+@functools.lru_cache(maxsize=4096)
 def compare_versions(a: str, b: str) -> int:
-    """-1, 0 or 1 as ``a`` is older than, equal to or newer than ``b``; raises :class:`VersionError`."""
+    """-1, 0 or 1 as ``a`` is older than, equal to or newer than ``b``; raises :class:`VersionError`.
+
+    Remembered per pair (a cluster runs a handful of driver versions; every review compares them again).
+    """
     return parse_version(a).compare(parse_version(b))
 
 
