@@ -267,8 +267,16 @@ def test_metrics_count_requests_by_endpoint_and_decision(server_factory: Any) ->
     stored = kubelet_update(base_csinode(), EBS, 25)
     server.post("/mutate", review(stored, kubelet_update(stored, EBS, 24)))
     server.post("/mutate", b"nope")
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+    # Per-request samples reach the metric files within a second (the worker's flusher; webhook.metrics).
+    deadline = time.monotonic() + 10
+    while True:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+        if "csinode_guard_requests_total{" in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
     assert 'csinode_guard_requests_total{decision="allow",dry_run="false",endpoint="mutate"} 1.0' in text
+    assert 'csinode_guard_request_duration_seconds_count{endpoint="mutate"} 1.0' in text
+    assert 'csinode_guard_rule_results_total{enforcement="none",result="pass",rule="count-ceiling"} 1.0' in text
     assert 'csinode_guard_bad_requests_total{code="400"} 1.0' in text
     expiry = [line for line in text.splitlines()
               if line.startswith("csinode_guard_serving_certificate_expiry_timestamp_seconds ")]
@@ -322,3 +330,22 @@ def test_a_given_metrics_directory_keeps_everything_but_old_samples(server_facto
     assert server.get("/healthz").status == 200
     assert (shared / "notes.txt").read_text() == "not ours"
     assert not (shared / "counter_4242.db").exists()
+
+
+def test_the_benchmark_noop_endpoint_exists_only_when_enabled_and_answers_a_valid_review(server_factory: Any) -> None:
+    stored = kubelet_update(base_csinode(), EBS, 25)
+    body = review(stored, kubelet_update(stored, EBS, 39), uid="noop-uid-1")
+    plain = server_factory(workers=1)
+    assert plain.post("/noop", body).status == 404
+    bench = server_factory(workers=1, env={"CSINODE_GUARD_BENCHMARK_NOOP": "1"})
+    answer = bench.post("/noop", body)
+    assert answer.status == 200
+    document = json.loads(answer.data)
+    assert document["apiVersion"] == "admission.k8s.io/v1" and document["kind"] == "AdmissionReview"
+    assert document["response"] == {"uid": "noop-uid-1", "allowed": True}  # judges nothing: 39 is not clamped
+    master = bench.process.pid
+    workers = Path(f"/proc/{master}/task/{master}/children").read_text().split()
+    assert str(document["worker"]) in workers  # the worker process that answered, for the spread benchmark
+    assert bench.post("/noop", b"{not json").status == 400
+    assert bench.post("/noop", body, content_type="text/plain").status == 415
+    assert bench.audit_records() == []  # the floor writes no audit record

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -180,11 +180,15 @@ class AuditWriter:
             self._fd = self._open()
             self._pid = os.getpid()
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _write_whole(self, line: bytes) -> None:
+        """One line, whole, under the shared lock (waits at most 5 s for it); raises OSError."""
         got = self._lock.acquire(True, 5.0)
         try:
-            yield
+            n = os.write(self._fd, line)
+            if n < len(line):  # a short write (a full pipe): the rest follows before anyone else writes
+                view = memoryview(line)[n:]
+                while view:
+                    view = view[os.write(self._fd, view):]
         finally:
             if got:
                 self._lock.release()
@@ -198,11 +202,7 @@ class AuditWriter:
             error = ""
             for _attempt in range(2):
                 try:
-                    with self._locked():
-                        view = memoryview(line)
-                        while view:
-                            n = os.write(self._fd, view)
-                            view = view[n:]
+                    self._write_whole(line)
                     error = ""
                     break
                 except OSError as exc:

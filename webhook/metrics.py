@@ -8,6 +8,8 @@ Label values are bounded: endpoints, decisions, rule ids, enforcement actions, d
 
 from __future__ import annotations
 
+import atexit
+import threading
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -89,6 +91,83 @@ def _child(metric: Any, *values: str) -> Any:
     return child
 
 
+class PendingUpdates:
+    """Per-request counts and latencies held in memory and written to the metric files by one flusher thread.
+
+    In multiprocess mode every ``inc()`` takes a lock and writes the sample into an mmap'd file: a review
+    touches eight to ten samples (request, latency, one per rule result), about 15 µs on the request path.
+    Here a review adds to a dict under one lock (about 1 µs), and :meth:`flush` writes the sums, one ``inc`` per
+    label set, every ``interval`` seconds and when the worker exits. The merged view a scrape sees lags by at most
+    ``interval`` seconds; a worker killed with SIGKILL loses at most that much of its counts (never audit
+    records, which are written before the answer).
+    """
+
+    def __init__(self, interval: float = 1.0) -> None:
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[Any, tuple[str, ...]], float] = {}
+        self._latencies: dict[str, list[float]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, keys: list[tuple[Any, tuple[str, ...]]], endpoint: str, seconds: float) -> None:
+        """Count 1 for each (Counter, label values) in ``keys`` and record one request duration (seconds) of
+        ``endpoint`` for the latency histogram; one lock for the whole review."""
+        counts = self._counts
+        with self._lock:
+            for key in keys:
+                counts[key] = counts.get(key, 0.0) + 1.0
+            latencies = self._latencies.get(endpoint)
+            if latencies is None:
+                latencies = self._latencies[endpoint] = []
+            latencies.append(seconds)
+
+    def flush(self) -> None:
+        """Write everything recorded so far to the metrics (safe from any thread)."""
+        with self._lock:
+            counts, self._counts = self._counts, {}
+            latencies, self._latencies = self._latencies, {}
+        for (metric, labels), amount in counts.items():
+            _child(metric, *labels).inc(amount)
+        for endpoint, values in latencies.items():
+            child = _child(LATENCY, endpoint)
+            for value in values:
+                child.observe(value)
+
+    def start(self) -> None:
+        """Start the flusher thread (daemon) and flush once more at interpreter exit."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._run, name="metrics-flush", daemon=True)
+        self._thread.start()
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        """Stop the flusher and write what is pending."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.flush()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.flush()
+
+
+_PENDING: list[PendingUpdates] = []  # the serving worker's batch, once batch_updates() was called
+
+
+def batch_updates(interval: float = 1.0) -> PendingUpdates:
+    """Hold per-request updates in memory and flush them every ``interval`` seconds (serving workers).
+
+    Without this call (tests, tools), :func:`observe_decision` writes every sample at once.
+    """
+    if not _PENDING:
+        _PENDING.append(PendingUpdates(interval))
+        _PENDING[0].start()
+    return _PENDING[0]
+
+
 def count_bad_request(code: int) -> None:
     """Count one HTTP request answered with a 4xx error."""
     _child(BAD_REQUESTS, str(code)).inc()
@@ -96,22 +175,27 @@ def count_bad_request(code: int) -> None:
 
 def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, seconds: float) -> None:
     """Record one answered AdmissionReview: request count, latency, rule results, state and freezes."""
-    _child(REQUESTS, endpoint, decision.decision.value, "true" if dry_run else "false").inc()
-    _child(LATENCY, endpoint).observe(seconds)
-    for o in decision.outcomes:
-        effective = o.effective.value if o.effective else "none"
-        _child(RULE_RESULTS, o.rule, o.result, effective).inc()
-        if o.result == "violation" and o.driver is not None and o.effective in (
-            EnforcementAction.DENY,
-            EnforcementAction.CLAMP,
-        ):
-            change = next((c for c in decision.changes if c.change.driver == o.driver), None)
-            refused = decision.decision is Decision.DENY or (change is not None and change.final == change.change.old)
-            if refused:
-                DISAGREEMENT.labels(o.driver, o.rule).inc()
+    keys: list[tuple[Any, tuple[str, ...]]] = [
+        (REQUESTS, (endpoint, decision.decision.value, "true" if dry_run else "false"))
+    ]
+    keys += [(RULE_RESULTS, (o.rule, o.result, o.effective.value if o.effective else "none"))
+             for o in decision.outcomes]
+    if decision.decision is not Decision.ALLOW:
+        for o in decision.outcomes:
+            if o.result == "violation" and o.driver is not None and o.effective in (
+                EnforcementAction.DENY,
+                EnforcementAction.CLAMP,
+            ):
+                change = next((c for c in decision.changes if c.change.driver == o.driver), None)
+                if decision.decision is Decision.DENY or (change is not None and change.final == change.change.old):
+                    keys.append((DISAGREEMENT, (o.driver, o.rule)))
     if decision.state_problem is not None and decision.state_problem.value != "missing":
-        STATE_FAILURES.labels(decision.state_problem.value).inc()
+        keys.append((STATE_FAILURES, (decision.state_problem.value,)))
     if not dry_run:
-        for c in decision.changes:
-            if c.frozen:
-                FREEZES.labels(c.change.driver).inc()
+        keys += [(FREEZES, (c.change.driver,)) for c in decision.changes if c.frozen]
+    if _PENDING:
+        _PENDING[0].add(keys, endpoint, seconds)
+        return
+    for metric, labels in keys:
+        _child(metric, *labels).inc()
+    _child(LATENCY, endpoint).observe(seconds)

@@ -132,6 +132,7 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
         return problems
 
     certificate_problems()
+    metrics.batch_updates()  # per-request samples reach the metric files once a second, off the request path
     audit = AuditWriter(settings.audit_log, lock=audit_lock, on_failure=lambda _r: metrics.AUDIT_FAILURES.inc())
     runtime = Runtime(
         policies=store,

@@ -197,18 +197,28 @@ def _review(mode: Mode) -> Response:
     return response
 
 
-_NOOP_RESPONSE = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                  "response": {"uid": "", "allowed": True}, "worker": 0}
-
-
 def _noop() -> Any:
-    """The benchmark floor: the same checks, body read and connection handling as /mutate, no judgement."""
+    """The benchmark floor: the cheapest valid admission webhook on the same stack, judging nothing.
+
+    The same client-certificate, content-type and body checks, body read and connection handling as /mutate;
+    it decodes the AdmissionReview (an answer must echo ``request.uid``) and allows it. ``worker`` (the pid of
+    the worker process that answered) is for the spread benchmark.
+    """
     runtime: Runtime = current_app.extensions[EXTENSION]
+    if runtime.require_client_cert and not _has_client_certificate(request.environ.get("gunicorn.socket")):
+        return _error(403, "a client certificate signed by the --client-ca is required")
     if request.mimetype != "application/json":
         return _error(415, "Content-Type must be application/json")
-    if _read_body(runtime.max_body_bytes) is None:
+    body = _read_body(runtime.max_body_bytes)
+    if body is None:
         return _error(413, f"body is over the limit of {runtime.max_body_bytes} bytes")
-    response = _json({**_NOOP_RESPONSE, "worker": os.getpid()})  # which worker answered (spread benchmark)
+    try:
+        review = parse_review(body)
+    except ReviewError as exc:
+        return _error(exc.http_status, exc.message)
+    document = build_response(review.uid, AdmissionResponse(allowed=True), allow_patch=False)
+    document["worker"] = os.getpid()
+    response = _json(document)
     if runtime.should_close(request.environ.get("gunicorn.socket")):
         response.headers["Connection"] = "close"
     return response
