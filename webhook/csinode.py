@@ -10,9 +10,8 @@ disappears a removal: neither is a change (kubelet marks the node NotReady when 
 from __future__ import annotations
 
 import enum
-import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeGuard
 
 INT32_MAX = 2147483647
@@ -137,20 +136,20 @@ class CountChange:
     old: int | None
     new: int | None
     index: int
+    kind: ChangeKind = field(init=False)
+    """The :class:`ChangeKind`: unbounded counts as +infinity (set at construction; the rules ask often)."""
+    is_increase: bool = field(init=False)
+    """True for an increase or bounded -> unbounded (the unsafe direction)."""
 
-    @functools.cached_property
-    def kind(self) -> ChangeKind:
-        """The :class:`ChangeKind`: unbounded counts as +infinity (computed once; the rules ask often)."""
+    def __post_init__(self) -> None:
         if self.new is None:
-            return ChangeKind.TO_UNBOUNDED
-        if self.old is None:
-            return ChangeKind.TO_BOUNDED
-        return ChangeKind.INCREASE if self.new > self.old else ChangeKind.DECREASE
-
-    @functools.cached_property
-    def is_increase(self) -> bool:
-        """True for an increase or bounded -> unbounded (the unsafe direction)."""
-        return self.kind in (ChangeKind.INCREASE, ChangeKind.TO_UNBOUNDED)
+            kind = ChangeKind.TO_UNBOUNDED
+        elif self.old is None:
+            kind = ChangeKind.TO_BOUNDED
+        else:
+            kind = ChangeKind.INCREASE if self.new > self.old else ChangeKind.DECREASE
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "is_increase", kind is ChangeKind.INCREASE or kind is ChangeKind.TO_UNBOUNDED)
 
 
 def format_count(count: int | None) -> str:
@@ -164,7 +163,7 @@ def diff_drivers(old: CSINode, new: CSINode) -> list[CountChange]:
     Registrations (only in ``new``) and removals (only in ``old``) are not changes.
     """
     changes: list[CountChange] = []
-    for name, entry in sorted(new.drivers.items(), key=lambda kv: kv[1].position):
+    for name, entry in new.drivers.items():  # in position order: parse_csinode fills drivers in list order
         before = old.drivers.get(name)
         if before is None or before.allocatable_count == entry.allocatable_count:
             continue

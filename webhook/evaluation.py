@@ -17,7 +17,7 @@ import enum
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -83,8 +83,7 @@ class RuleOutcome(NamedTuple):
     message: str
 
 
-@dataclass(frozen=True)
-class ChangeOutcome:
+class ChangeOutcome(NamedTuple):
     """What happened to one count change: requested ``new``, admitted ``final`` (None = unbounded)."""
 
     change: CountChange
@@ -95,8 +94,7 @@ class ChangeOutcome:
     notes: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class AdmissionDecision:
+class AdmissionDecision(NamedTuple):
     """The result of :func:`evaluate`: the AdmissionResponse plus everything audit and metrics need."""
 
     response: AdmissionResponse
@@ -110,7 +108,7 @@ class AdmissionDecision:
     in_scope: bool = True
     approvals_recorded: int = 0
     new_state: GuardState | None = None
-    notes: tuple[str, ...] = field(default_factory=tuple)
+    notes: tuple[str, ...] = ()
 
     @property
     def fired_rules(self) -> list[str]:
@@ -314,7 +312,7 @@ class _Evaluation:
         self.keys = keys
         self.mode = mode
         self.budget = budget
-        self.budget_clock = budget_clock if budget_clock is not None else now.timestamp()
+        self._budget_clock = budget_clock
         self.old = old
         self.new = new
         self.node = new.name or old.name or request.name
@@ -337,6 +335,11 @@ class _Evaluation:
         self.entries: Mapping[str, EntryState] = state.entries if state is not None else {}
         self.approvals: list[Approval] = list(state.approvals) if state is not None else []
         self.approvals_recorded = 0
+
+    @property
+    def budget_clock(self) -> float:
+        """Seconds on the budget's clock: the caller's, or ``now`` as a timestamp."""
+        return self._budget_clock if self._budget_clock is not None else self.now.timestamp()
 
     # -- findings -------------------------------------------------------------------------------------------
     def _effective(self, v: Violation, change: CountChange | None) -> EnforcementAction:
@@ -428,7 +431,7 @@ class _Evaluation:
     def _judge(self, change: CountChange) -> None:
         dp = self.policy.for_driver(change.driver)
         errors = self.cluster.attach_errors(
-            self.node, change.driver, self.now - timedelta(seconds=self.policy.evidence_within)
+            self.node, change.driver, self.now - self.policy.evidence_window
         )
         ctx = RuleContext(
             change=change,
@@ -442,6 +445,7 @@ class _Evaluation:
             attach_errors=errors,
             update_period=self.cluster.driver_update_period(change.driver),
             now=self.now,
+            resolved_ceiling=dp.ceiling.resolve(self.labels),
         )
         self.contexts[change.driver] = ctx
         for rule_id, check in RULES:
@@ -456,18 +460,19 @@ class _Evaluation:
         if note:
             self.notes.append(note)
 
-    def _check_budget(self, finals: Mapping[str, int | None], changes: Sequence[CountChange]) -> None:
+    def _check_budget(self, finals: Mapping[str, int | None], changes: Sequence[CountChange]) -> bool:
+        """Take the admitted increases from the cluster-wide budget; True when it was used up (findings added)."""
         if self.budget is None or self.mode is not Mode.MUTATE:
-            return
+            return False
         rising = [c for c in changes if self._rises(c, finals[c.driver])]
         if not rising:
-            return
+            return False
         if self.request.dry_run:
             # A dry run gets the decision a real request would get, but takes nothing from the budget.
             if self.budget.available(self.budget_clock) + 1e-9 >= len(rising):
-                return
+                return False
         elif self.budget.take(len(rising), self.budget_clock):
-            return
+            return False
         for c in rising:
             self._add(
                 c,
@@ -482,6 +487,7 @@ class _Evaluation:
                 ),
                 replaces_pass=True,
             )
+        return True
 
     def _settle_moot_denials(self, finals: Mapping[str, int | None]) -> None:
         """A denial that only forbids any rise (change-rate, a freeze) is moot when clamps already keep the old
@@ -659,10 +665,10 @@ class _Evaluation:
             self._check_integrity(changes)
         finals = self._finals(changes)
         self._settle_moot_denials(finals)
-        if not any(f.effective is EnforcementAction.DENY for f in self.findings):
-            self._check_budget(finals, changes)
-            finals = self._finals(changes)
         denied = [f for f in self.findings if f.effective is EnforcementAction.DENY]
+        if not denied and self._check_budget(finals, changes):
+            finals = self._finals(changes)
+            denied = [f for f in self.findings if f.effective is EnforcementAction.DENY]
         problem = self.decoded.problem
         detail = self.decoded.detail
         if denied:

@@ -7,6 +7,7 @@ annotation ``csinode-guard.io/state`` is ``/metadata/annotations/csinode-guard.i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,13 +39,19 @@ def replace_drivers(drivers: Sequence[Any]) -> Operation:
     return {"op": "replace", "path": pointer("spec", "drivers"), "value": list(drivers)}
 
 
+@functools.lru_cache(maxsize=64)
+def annotation_pointer(key: str) -> str:
+    """``/metadata/annotations/<key>`` with ``key`` escaped (remembered: the guard uses a few keys)."""
+    return pointer("metadata", "annotations", key)
+
+
 def set_annotation(key: str, value: str, annotations_exist: bool) -> list[Operation]:
     """Operations setting annotation ``key`` to ``value``; creates ``metadata.annotations`` when absent."""
     if not annotations_exist:
-        return [{"op": "add", "path": pointer("metadata", "annotations"), "value": {key: value}}]
-    return [{"op": "add", "path": pointer("metadata", "annotations", key), "value": value}]
+        return [{"op": "add", "path": "/metadata/annotations", "value": {key: value}}]
+    return [{"op": "add", "path": annotation_pointer(key), "value": value}]
 
 
 def remove_annotation(key: str) -> Operation:
     """Operation removing annotation ``key`` (which must exist)."""
-    return {"op": "remove", "path": pointer("metadata", "annotations", key)}
+    return {"op": "remove", "path": annotation_pointer(key)}

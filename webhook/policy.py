@@ -15,10 +15,12 @@ from __future__ import annotations
 import copy
 import enum
 import fnmatch
+import functools
 import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -221,19 +223,33 @@ class Policy:
     drivers: Mapping[str, DriverPolicy]
     document: Mapping[str, Any]
 
+    @functools.cached_property
+    def evidence_window(self) -> timedelta:
+        """``evidence_within`` (seconds) as a timedelta, made once per policy."""
+        return timedelta(seconds=self.evidence_within)
+
+    @functools.cached_property
+    def _unnamed_drivers(self) -> dict[str, DriverPolicy]:
+        return {}
+
     def for_driver(self, driver: str) -> DriverPolicy:
         """The :class:`DriverPolicy` for ``driver`` (the defaults when the policy does not name it)."""
         found = self.drivers.get(driver)
         if found is not None:
             return found
-        return DriverPolicy(
-            driver=driver,
-            rules=self.default_driver.rules,
-            version_source=self.default_driver.version_source,
-            min_version=self.default_driver.min_version,
-            max_step_up=self.default_driver.max_step_up,
-            ceiling=self.default_driver.ceiling,
-        )
+        found = self._unnamed_drivers.get(driver)
+        if found is None:
+            found = DriverPolicy(
+                driver=driver,
+                rules=self.default_driver.rules,
+                version_source=self.default_driver.version_source,
+                min_version=self.default_driver.min_version,
+                max_step_up=self.default_driver.max_step_up,
+                ceiling=self.default_driver.ceiling,
+            )
+            if len(self._unnamed_drivers) < 1024:  # remembered: driver names are few (bounded for odd input)
+                self._unnamed_drivers[driver] = found
+        return found
 
     def pod_version_sources(self) -> list[PodVersionSource]:
         """The ``pod`` version sources the cluster view must watch, one per driver that uses one."""

@@ -12,8 +12,8 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, NotRequired, TypedDict
+from types import MappingProxyType
+from typing import Any, NamedTuple, NotRequired, TypedDict
 
 try:
     import orjson
@@ -76,9 +76,9 @@ class AdmissionRequestWire(TypedDict):
     options: NotRequired[dict[str, Any] | None]
 
 
-@dataclass(frozen=True)
-class AdmissionRequest:
-    """A parsed AdmissionRequest. ``object``/``old_object`` are the raw JSON objects (dicts) or None.
+class AdmissionRequest(NamedTuple):
+    """A parsed AdmissionRequest (an immutable named tuple). ``object``/``old_object`` are the raw JSON objects
+    (dicts) or None.
 
     ``operation`` is ``CREATE``/``UPDATE``/``DELETE``/``CONNECT``; ``dry_run`` is the apiserver's ``dryRun``
     flag (nothing is persisted), which is unrelated to the ``dryrun`` enforcement action.
@@ -164,13 +164,14 @@ def parse_review(body: bytes | str) -> AdmissionRequest:
     if not isinstance(user, dict):
         raise ReviewError("request.userInfo must be an object")
     groups = user.get("groups") or []
-    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+    if type(groups) is not list or not all(type(g) is str for g in groups):
         raise ReviewError("request.userInfo.groups must be a list of strings")
     obj = request.get("object")
     old = request.get("oldObject")
-    for key, value in (("object", obj), ("oldObject", old)):
-        if value is not None and not isinstance(value, dict):
-            raise ReviewError(f"request.{key} must be an object or null")
+    if obj is not None and type(obj) is not dict:
+        raise ReviewError("request.object must be an object or null")
+    if old is not None and type(old) is not dict:
+        raise ReviewError("request.oldObject must be an object or null")
     dry_run = request.get("dryRun", False)
     if not isinstance(dry_run, bool):
         raise ReviewError("request.dryRun must be a boolean")
@@ -208,8 +209,7 @@ def clean_warning(text: str) -> str:
     return line
 
 
-@dataclass(frozen=True)
-class AdmissionResponse:
+class AdmissionResponse(NamedTuple):
     """What the webhook answers, before it is put in the envelope.
 
     ``status_code``/``reason``/``message`` fill ``response.status`` when not allowed (403 Forbidden for a
@@ -223,7 +223,7 @@ class AdmissionResponse:
     message: str = ""
     warnings: Sequence[str] = ()
     patch: Sequence[Mapping[str, Any]] = ()
-    audit_annotations: Mapping[str, str] = field(default_factory=dict)
+    audit_annotations: Mapping[str, str] = MappingProxyType({})
 
 
 def _dumps_compact(value: Any) -> bytes:

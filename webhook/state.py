@@ -25,9 +25,10 @@ import enum
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import orjson
 from cryptography.hazmat.primitives import constant_time, hashes
@@ -65,8 +66,7 @@ def parse_time(text: str) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-@dataclass(frozen=True)
-class Correction:
+class Correction(NamedTuple):
     """An accepted decrease backed by ResourceExhausted evidence or a justification (``basis``)."""
 
     at: datetime
@@ -75,8 +75,7 @@ class Correction:
     basis: str
 
 
-@dataclass(frozen=True)
-class Approval:
+class Approval(NamedTuple):
     """A justification recorded from an approver's annotation: allows counts in [min_count, max_count]."""
 
     driver: str
@@ -108,12 +107,11 @@ class EntryState:
     correction: Correction | None = None
 
 
-@dataclass(frozen=True)
-class GuardState:
+class GuardState(NamedTuple):
     """Decoded state of one CSINode (``uid``): entries by driver name and recorded approvals."""
 
     uid: str
-    entries: Mapping[str, EntryState] = field(default_factory=dict)
+    entries: Mapping[str, EntryState] = MappingProxyType({})
     approvals: tuple[Approval, ...] = ()
 
     def with_entry(self, driver: str, entry: EntryState) -> GuardState:
@@ -235,8 +233,7 @@ def encode_state(state: GuardState, keys: StateKeys) -> str:
     return _canonical(doc).decode("ascii")
 
 
-@dataclass(frozen=True)
-class DecodedState:
+class DecodedState(NamedTuple):
     """Result of :func:`decode_state`: the state, or None with the :class:`StateProblem` that made it unusable."""
 
     state: GuardState | None
@@ -290,6 +287,9 @@ def _decode_approval(raw: Any) -> Approval:
     )
 
 
+_MISSING = DecodedState(None, StateProblem.MISSING)
+
+
 def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
     """Verify and decode an annotation value for the object ``uid``. Never raises.
 
@@ -298,7 +298,7 @@ def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
     or recorded for another object (UID).
     """
     if value is None or value == "":
-        return DecodedState(None, StateProblem.MISSING)
+        return _MISSING
     try:
         doc = orjson.loads(value)
     except orjson.JSONDecodeError:

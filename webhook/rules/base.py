@@ -6,10 +6,9 @@ evaluation gathers the facts (state, cluster view answers, justifications) into 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from webhook.cluster import AttachError
 from webhook.csinode import CountChange
@@ -17,8 +16,7 @@ from webhook.policy import DriverPolicy, EnforcementAction, Policy
 from webhook.state import Approval, EntryState
 
 
-@dataclass(frozen=True)
-class Writer:
+class Writer(NamedTuple):
     """The requester: ``userInfo.username``/``groups`` and how the policy sees it."""
 
     username: str
@@ -27,15 +25,15 @@ class Writer:
     is_listed_writer: bool
 
 
-@dataclass(frozen=True)
-class RuleContext:
-    """Facts for judging one :class:`CountChange` at ``now`` (UTC).
+class RuleContext(NamedTuple):
+    """Facts for judging one :class:`CountChange` at ``now`` (UTC), an immutable named tuple.
 
     ``entry`` is the verified state of the entry (None = judged as new); ``approvals`` are the recorded
     justifications (including any recorded by this very request); ``driver_version`` is the version of the
     driver on the node from the policy's source (None = unknown); ``node_labels`` None = unknown;
     ``attach_errors`` are recent errors for (node, driver) (None = unknown); ``update_period`` is the CSIDriver's
-    ``nodeAllocatableUpdatePeriodSeconds`` (None = unset or unknown).
+    ``nodeAllocatableUpdatePeriodSeconds`` (None = unset or unknown). ``resolved_ceiling`` is the driver's
+    ceiling for the node when the caller resolved it already (the evaluation does, once per change).
     """
 
     change: CountChange
@@ -49,10 +47,13 @@ class RuleContext:
     attach_errors: Sequence[AttachError] | None
     update_period: float | None
     now: datetime
+    resolved_ceiling: tuple[int | None, str] | None = None
 
-    @functools.cached_property
+    @property
     def ceiling(self) -> tuple[int | None, str]:
-        """The driver's ceiling for this node (count, None = none) and why; resolved once per change."""
+        """The driver's ceiling for this node (count, None = none) and why."""
+        if self.resolved_ceiling is not None:
+            return self.resolved_ceiling
         return self.driver_policy.ceiling.resolve(self.node_labels)
 
     @property
@@ -68,8 +69,7 @@ class RuleContext:
         return None
 
 
-@dataclass(frozen=True)
-class Violation:
+class Violation(NamedTuple):
     """One finding of a rule against one change.
 
     ``action`` is the configured enforcement action for this finding (the evaluation may soften it: scope,
