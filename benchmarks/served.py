@@ -1,7 +1,8 @@
 """Served benchmarks: the real ``csinode-guard serve`` (gunicorn gthread workers, TLS, keep-alive) on loopback.
 
 * Throughput and latency of /mutate next to ``/noop`` — the same server, workers, TLS settings and connection
-  handling, but no judgement (enabled by ``CSINODE_GUARD_BENCHMARK_NOOP=1``, benchmarks only) — at 1 and 8
+  handling, the cheapest valid admission webhook: it decodes the AdmissionReview and allows it, judging nothing
+  (enabled by ``CSINODE_GUARD_BENCHMARK_NOOP=1``, benchmarks only) — at 1 and 8
   keep-alive connections, in alternating rounds so that both see the same machine. The load comes from a
   second process: ``wrk`` (Debian package ``wrk``) when it is installed, else a Python load generator.
 * Spread: a few long-lived connections, as the apiserver keeps, and which worker process answers each request,
