@@ -1,4 +1,5 @@
-"""Shared fixtures: a real csinode-guard server over TLS, and a CA-verified keep-alive HTTPS client."""
+"""Shared fixtures: a real csinode-guard server over TLS, a CA-verified keep-alive HTTPS client, and a fake API
+server with a kubeconfig for it (a test module that needs objects in it extends ``apiserver``)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from typing import Any
 
 import pytest
 import urllib3
+
+from tests.apiserver import FakeApiServer
 
 SERVICE_DNS = "csinode-guard.csinode-guard.svc"
 REPO = Path(__file__).resolve().parent.parent
@@ -143,3 +146,16 @@ def server_factory(tmp_path: Path) -> Iterator[Any]:
     yield factory
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def apiserver() -> Iterator[FakeApiServer]:
+    """An empty fake API server (the real wire format, for the real kubernetes client)."""
+    with FakeApiServer() as server:
+        yield server
+
+
+@pytest.fixture
+def kubeconfig(apiserver: FakeApiServer, tmp_path: Path) -> str:
+    """A kubeconfig file for ``apiserver``."""
+    return apiserver.write_kubeconfig(tmp_path / "kubeconfig")

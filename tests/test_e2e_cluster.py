@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,10 +36,10 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
 
 
 @pytest.fixture
-def apiserver() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        server.load_dir(DATA)
-        yield server
+def apiserver(apiserver: FakeApiServer) -> FakeApiServer:
+    """The shared fake API server, holding the fixtures of tests/data/cluster."""
+    apiserver.load_dir(DATA)
+    return apiserver
 
 
 def cluster_policy(tmp_path: Path) -> Path:

@@ -97,17 +97,10 @@ def volume_attachment(
 
 
 @pytest.fixture
-def apiserver() -> Iterator[FakeApiServer]:
-    """A fake API server holding the fixtures of tests/data/cluster."""
-    with FakeApiServer() as server:
-        server.load_dir(DATA)
-        yield server
-
-
-@pytest.fixture
-def kubeconfig(apiserver: FakeApiServer, tmp_path: Path) -> str:
-    """A kubeconfig file for ``apiserver``."""
-    return apiserver.write_kubeconfig(tmp_path / "kubeconfig")
+def apiserver(apiserver: FakeApiServer) -> FakeApiServer:
+    """The shared fake API server, holding the fixtures of tests/data/cluster."""
+    apiserver.load_dir(DATA)
+    return apiserver
 
 
 @pytest.fixture

@@ -17,10 +17,10 @@ NODE = "ip-10-0-1-23.ec2.internal"
 
 
 @pytest.fixture
-def apiserver() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        server.load_dir(DATA)
-        yield server
+def apiserver(apiserver: FakeApiServer) -> FakeApiServer:
+    """The shared fake API server, holding the fixtures of tests/data/cluster."""
+    apiserver.load_dir(DATA)
+    return apiserver
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,6 @@ REPO = Path(__file__).resolve().parent.parent
 MUTATING = "mutatingwebhookconfigurations.admissionregistration.k8s.io"
 VALIDATING = "validatingwebhookconfigurations.admissionregistration.k8s.io"
 NAME = "csinode-guard"
-
-
-@pytest.fixture
-def apiserver() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-def kubeconfig(apiserver: FakeApiServer, tmp_path: Path) -> str:
-    return apiserver.write_kubeconfig(tmp_path / "kubeconfig")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -75,17 +74,6 @@ def ebs_count(obj: dict[str, Any]) -> int | None:
     entry = next(d for d in obj["spec"]["drivers"] if d["name"] == EBS)
     count: int | None = (entry.get("allocatable") or {}).get("count")
     return count
-
-
-@pytest.fixture
-def apiserver() -> Iterator[FakeApiServer]:
-    with FakeApiServer() as server:
-        yield server
-
-
-@pytest.fixture
-def kubeconfig(apiserver: FakeApiServer, tmp_path: Path) -> str:
-    return apiserver.write_kubeconfig(tmp_path / "kubeconfig")
 
 
 @pytest.fixture

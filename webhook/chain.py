@@ -166,6 +166,31 @@ class WriteOutcome:
     fired_rules: tuple[str, ...] = field(default_factory=tuple)
 
 
+def _refused(
+    stored_old: dict[str, Any] | None,
+    mutated: AdmissionDecision,
+    validated: AdmissionDecision | None,
+    request: AdmissionRequest,
+    warnings: tuple[str, ...],
+    answer: Mapping[str, Any],
+    fired: Sequence[str],
+) -> WriteOutcome:
+    """The outcome of a write that /mutate (``validated`` None) or /validate refused: nothing is stored."""
+    return WriteOutcome(
+        called=True,
+        decision=(validated or mutated).decision,
+        allowed=False,
+        stored=stored_old,
+        written=False,
+        mutate=mutated,
+        validate=validated,
+        request=request,
+        warnings=warnings,
+        message=str(answer.get("status", {}).get("message", "")),
+        fired_rules=tuple(fired),
+    )
+
+
 def admit_write(
     old: Mapping[str, Any] | None,
     new: Mapping[str, Any] | None,
@@ -207,18 +232,7 @@ def admit_write(
     body = document["response"]
     warnings = tuple(body.get("warnings") or ())
     if not body["allowed"]:
-        return WriteOutcome(
-            called=True,
-            decision=mutated.decision,
-            allowed=False,
-            stored=stored_old,
-            written=False,
-            mutate=mutated,
-            request=request,
-            warnings=warnings,
-            message=str(body.get("status", {}).get("message", "")),
-            fired_rules=tuple(mutated.fired_rules),
-        )
+        return _refused(stored_old, mutated, None, request, warnings, body, mutated.fired_rules)
     final = apply_review_patch(new or {}, document)
     second = build_review(old, final, uid=uid, username=username, groups=groups, operation=operation,
                           dry_run=dry_run)
@@ -227,19 +241,7 @@ def admit_write(
     fired = list(mutated.fired_rules)
     fired += [r for r in validated.fired_rules if r not in fired]
     if not checked["allowed"]:
-        return WriteOutcome(
-            called=True,
-            decision=validated.decision,
-            allowed=False,
-            stored=stored_old,
-            written=False,
-            mutate=mutated,
-            validate=validated,
-            request=request,
-            warnings=warnings,
-            message=str(checked.get("status", {}).get("message", "")),
-            fired_rules=tuple(fired),
-        )
+        return _refused(stored_old, mutated, validated, request, warnings, checked, fired)
     changed = _without_resource_version(final) != _without_resource_version(stored_old)
     written = changed and not dry_run
     return WriteOutcome(
