@@ -109,22 +109,27 @@ def test_parse_csinode_indexes_drivers_by_name_and_keeps_their_position() -> Non
         ),
         pytest.param(
             {"spec": {"drivers": [{"name": EBS, "allocatable": {"count": -1}}]}},
-            r"object\.spec\.drivers\[0\]\.allocatable\.count must be a non-negative integer",
+            r"object\.spec\.drivers\[0\]\.allocatable\.count must be an integer from 0 to 2147483647 \(int32\)",
             id="the count is negative",
         ),
         pytest.param(
             {"spec": {"drivers": [{"name": EBS, "allocatable": {"count": "25"}}]}},
-            r"allocatable\.count must be a non-negative integer",
+            r"allocatable\.count must be an integer from 0 to 2147483647 \(int32\)",
             id="the count is a string",
         ),
         pytest.param(
             {"spec": {"drivers": [{"name": EBS, "allocatable": {"count": 25.0}}]}},
-            r"allocatable\.count must be a non-negative integer",
+            r"allocatable\.count must be an integer from 0 to 2147483647 \(int32\)",
             id="the count is a float",
         ),
         pytest.param(
+            {"spec": {"drivers": [{"name": EBS, "allocatable": {"count": 2147483648}}]}},
+            r"allocatable\.count must be an integer from 0 to 2147483647 \(int32\)",
+            id="the count is beyond int32",
+        ),
+        pytest.param(
             {"spec": {"drivers": [{"name": EBS, "allocatable": {"count": True}}]}},
-            r"allocatable\.count must be a non-negative integer",
+            r"allocatable\.count must be an integer from 0 to 2147483647 \(int32\)",
             id="the count is a boolean",
         ),
     ],

@@ -332,6 +332,18 @@ def test_a_given_metrics_directory_keeps_everything_but_old_samples(server_facto
     assert not (shared / "counter_4242.db").exists()
 
 
+def test_a_metrics_directory_the_server_made_is_removed_when_it_exits(server_factory: Any, tmp_path: Path) -> None:
+    own_tmp = tmp_path / "tmp"
+    own_tmp.mkdir()
+    server = server_factory(env={"TMPDIR": str(own_tmp)})
+    stored = kubelet_update(base_csinode(), EBS, 25)
+    assert server.post("/mutate", review(stored, kubelet_update(stored, EBS, 24))).status == 200
+    made = [p for p in own_tmp.iterdir() if p.name.startswith("csinode-guard-metrics-")]
+    assert len(made) == 1 and any(made[0].glob("*.db"))  # the workers write their samples there
+    assert server.stop() == 0
+    assert not made[0].exists()
+
+
 def test_the_benchmark_noop_endpoint_exists_only_when_enabled_and_answers_a_valid_review(server_factory: Any) -> None:
     stored = kubelet_update(base_csinode(), EBS, 25)
     body = review(stored, kubelet_update(stored, EBS, 39), uid="noop-uid-1")

@@ -410,7 +410,8 @@ def test_an_update_without_both_objects_is_refused_with_code_400(
     [
         pytest.param(
             with_drivers(stored(), driver_entry(EFS, None), {"name": EBS, "allocatable": {"count": -1}}),
-            "not a valid CSINode: object.spec.drivers[1].allocatable.count must be a non-negative integer",
+            "not a valid CSINode: object.spec.drivers[1].allocatable.count must be an integer from 0 to 2147483647 "
+            "(int32)",
             id="a negative count",
         ),
         pytest.param(

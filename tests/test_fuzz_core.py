@@ -63,7 +63,7 @@ def test_decode_json_differences_are_the_documented_ones() -> None:
     request = parse_review(json.dumps(review).encode())
     decision = evaluate(request, POLICY, UnknownClusterView(), NOW, KEYS, mode=Mode.MUTATE)
     assert decision.decision.value == "invalid" and not decision.response.allowed
-    assert "allocatable.count must be a non-negative integer" in decision.response.message
+    assert "allocatable.count must be an integer from 0 to 2147483647 (int32)" in decision.response.message
 
 
 @FUZZ

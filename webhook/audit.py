@@ -22,7 +22,8 @@ from typing import Any, Protocol
 
 import orjson
 
-from webhook.evaluation import AdmissionDecision, Mode
+from webhook.evaluation import AdmissionDecision, Mode, RuleOutcome
+from webhook.policy import EnforcementAction
 from webhook.review import AdmissionRequest
 from webhook.state import format_time
 
@@ -38,6 +39,26 @@ def _count(value: int | None) -> int | str:
     return "unbounded" if value is None else value
 
 
+MAX_NOTES = 10
+"""Notes a record carries at most (the last then counts the others)."""
+
+
+def _rule(o: RuleOutcome) -> dict[str, Any]:
+    return {
+        "rule": o.rule,
+        "result": o.result,
+        "enforcement": o.enforcement.value if o.enforcement else None,
+        "effective": o.effective.value if o.effective else None,
+        "message": o.message,
+    }
+
+
+def _capped(notes: list[str]) -> list[str]:
+    if len(notes) <= MAX_NOTES:
+        return notes
+    return [*notes[: MAX_NOTES - 1], f"... and {len(notes) - MAX_NOTES + 1} more notes"]
+
+
 def build_records(
     decision: AdmissionDecision,
     request: AdmissionRequest | None,
@@ -48,7 +69,13 @@ def build_records(
     policy_generation: int,
     latency_seconds: float,
 ) -> list[dict[str, Any]]:
-    """Audit records (JSON-ready dicts) for one decision: one per count change, at least one per request."""
+    """Audit records (JSON-ready dicts) for one decision: one per count change, at least one per request.
+
+    A change's record carries its own rule results, the request-level ones, and, when the request was refused,
+    the lines of the refusal about this change (or, for a change refused only because another one was, which
+    drivers those are); notes are the ones about its driver (the first record also gets the others). So the
+    records of a request grow with its number of changes, never with its square.
+    """
     base: dict[str, Any] = {
         "time": format_time(now),
         "uid": request.uid if request else None,
@@ -70,57 +97,79 @@ def build_records(
         base["stateProblem"] = decision.state_problem.value
     if decision.approvals_recorded:
         base["approvalsRecorded"] = decision.approvals_recorded
-    if not decision.response.allowed and decision.response.message:
-        base["message"] = decision.response.message
-    if decision.notes:
-        base["notes"] = list(decision.notes)
+    refused = not decision.response.allowed and bool(decision.response.message)
+    by_driver: dict[str | None, list[RuleOutcome]] = {}
+    for o in decision.outcomes:
+        by_driver.setdefault(o.driver, []).append(o)
+    request_level = [_rule(o) for o in by_driver.get(None, ())]
+    if not decision.changes:
+        record = dict(base, driver=None, rules=request_level)
+        if refused:
+            record["message"] = decision.response.message
+        if decision.notes:
+            record["notes"] = _capped(list(decision.notes))
+        return [record]
+    denying: list[str] = []  # drivers with a violation that denied the request, in order
+    request_lines: list[str] = []
+    if refused:
+        for o in decision.outcomes:
+            if o.result == "violation" and o.effective is EnforcementAction.DENY:
+                if o.driver is None:
+                    request_lines.append(o.message)
+                elif not denying or denying[-1] != o.driver:
+                    denying.append(o.driver)
+    drivers = {c.change.driver for c in decision.changes}
+    own_notes: dict[str, list[str]] = {}
+    other_notes: list[str] = []
+    for note in decision.notes:
+        about = _note_driver(note, decision.node, drivers)
+        if about is None:
+            other_notes.append(note)
+        else:
+            own_notes.setdefault(about, []).append(note)
     records: list[dict[str, Any]] = []
-    request_level = [
-        {"rule": o.rule, "result": o.result, "enforcement": o.enforcement, "effective": o.effective,
-         "message": o.message}
-        for o in decision.outcomes
-        if o.driver is None
-    ]
     for change in decision.changes:
-        rules = [
-            {
-                "rule": o.rule,
-                "result": o.result,
-                "enforcement": o.enforcement.value if o.enforcement else None,
-                "effective": o.effective.value if o.effective else None,
-                "message": o.message,
-            }
-            for o in decision.outcomes
-            if o.driver == change.change.driver
-        ]
+        driver = change.change.driver
+        own = by_driver.get(driver, [])
         record = dict(base)
         record.update(
-            driver=change.change.driver,
+            driver=driver,
             change=change.change.kind.value,
             old=_count(change.change.old),
             new=_count(change.change.new),
             final=_count(change.final) if decision.response.allowed else _count(change.change.old),
             writerVersion=change.writer_version,
-            rules=rules + [_plain(r) for r in request_level],
+            rules=[_rule(o) for o in own] + request_level,
         )
+        if refused:
+            lines = request_lines + [
+                o.message for o in own if o.result == "violation" and o.effective is EnforcementAction.DENY
+            ]
+            if not lines:
+                named = ", ".join(denying[:3]) + (f" and {len(denying) - 3} more" if len(denying) > 3 else "")
+                lines = [f"refused with the request's other changes: a deny rule fired for {named}"]
+            record["message"] = "\n".join(lines)
+        notes = own_notes.get(driver, []) + (other_notes if not records else [])
+        if notes:
+            record["notes"] = _capped(notes)
         if change.correction:
             record["correction"] = change.correction
         if change.frozen:
             record["frozen"] = True
         records.append(record)
-    if not records:
-        record = dict(base)
-        record.update(driver=None, rules=[_plain(r) for r in request_level])
-        records.append(record)
     return records
 
 
-def _plain(rule: dict[str, Any]) -> dict[str, Any]:
-    out = dict(rule)
-    for key in ("enforcement", "effective"):
-        value = out.get(key)
-        out[key] = getattr(value, "value", value)
-    return out
+def _note_driver(note: str, node: str, drivers: set[str]) -> str | None:
+    """The changed driver a note is about (``<node>/<driver>: ...`` or ``justification for <driver> ...``)."""
+    for prefix in (f"{node}/", "justification for "):
+        if note.startswith(prefix):
+            rest = note[len(prefix) :]
+            for sep in (": ", " "):
+                candidate = rest.split(sep, 1)[0]
+                if candidate in drivers:
+                    return candidate
+    return None
 
 
 _ORJSON_OPTIONS = (

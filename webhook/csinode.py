@@ -56,7 +56,8 @@ def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
     """Read a CSINode JSON object (storage.k8s.io/v1) into a :class:`CSINode`.
 
     Raises :class:`CSINodeError` when ``spec.drivers`` is not a list of objects with a string ``name``, when a
-    driver name repeats, or when ``allocatable.count`` is neither absent, null nor a non-negative integer.
+    driver name repeats, or when ``allocatable.count`` is neither absent, null nor an integer from 0 to 2147483647
+    (the API field is an int32).
     """
     metadata = obj.get("metadata") or {}
     if not _is_mapping(metadata):
@@ -108,10 +109,13 @@ def _read_count(allocatable: Any, where: str, index: int) -> int | None:
     if not _is_mapping(allocatable):
         raise CSINodeError(f"{where}.spec.drivers[{index}].allocatable must be an object")
     count = allocatable.get("count")
-    if count is None or (type(count) is int and count >= 0):
+    if count is None or (type(count) is int and 0 <= count <= INT32_MAX):
         return count
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise CSINodeError(f"{where}.spec.drivers[{index}].allocatable.count must be a non-negative integer")
+    if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= INT32_MAX:
+        # CSINodeDriver.allocatable.count is an int32 (storage.k8s.io/v1): the apiserver cannot hold more.
+        raise CSINodeError(
+            f"{where}.spec.drivers[{index}].allocatable.count must be an integer from 0 to {INT32_MAX} (int32)"
+        )
     return int(count)
 
 

@@ -128,6 +128,12 @@ class _Finding:
     outcome: int = -1  # index of its RuleOutcome
 
 
+MAX_MESSAGE_LINES = 20
+"""Violations a denial's message lists (one line each); more are counted in a last line. The audit record of
+each change keeps its own lines, so a CSINode with thousands of drivers gives neither a huge answer nor audit
+records that repeat every other change's lines."""
+
+
 def _line(node: str, change: CountChange | None, v: Violation, suffix: str = "") -> str:
     if change is None:
         # A request-level finding is about an annotation: the guard's state or the justification.
@@ -181,7 +187,7 @@ def _published_versions(raw: str) -> Mapping[str, Any]:
     every write of a node carries the same one. Read-only: the result is shared."""
     try:
         versions = json.loads(raw)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # JSONDecodeError, or an integer over 4300 digits
         return {}
     return MappingProxyType(versions) if isinstance(versions, dict) else {}
 
@@ -353,19 +359,11 @@ class _Evaluation:
             return EnforcementAction.DENY
         return action
 
-    def _add(self, change: CountChange | None, v: Violation, *, replaces_pass: bool = False) -> None:
+    def _add(self, change: CountChange | None, v: Violation, *, replaces: int | None = None) -> None:
+        """Record a finding; ``replaces`` is the index of an earlier "pass" outcome of the same rule and change
+        (change-rate before the budget check), which the violation takes the place of."""
         effective = self._effective(v, change)
-        at = len(self.outcomes)
-        if replaces_pass and change is not None:
-            # A rule that passed earlier (change-rate before the budget check) is replaced, not listed twice.
-            at = next(
-                (
-                    i
-                    for i, o in enumerate(self.outcomes)
-                    if o.rule == v.rule and o.driver == change.driver and o.result == "pass"
-                ),
-                at,
-            )
+        at = len(self.outcomes) if replaces is None else replaces
         self.findings.append(_Finding(change, v, effective, at))
         suffix = ""
         if effective is EnforcementAction.CLAMP:
@@ -473,6 +471,7 @@ class _Evaluation:
                 return False
         elif self.budget.take(len(rising), self.budget_clock):
             return False
+        passed = {o.driver: i for i, o in enumerate(self.outcomes) if o.rule == CHANGE_RATE and o.result == "pass"}
         for c in rising:
             self._add(
                 c,
@@ -485,7 +484,7 @@ class _Evaluation:
                     "is worth a look",
                     clamp_to=c.old,
                 ),
-                replaces_pass=True,
+                replaces=passed.get(c.driver),
             )
         return True
 
@@ -527,13 +526,22 @@ class _Evaluation:
             return change.old is not None
         return change.old is not None and final > change.old
 
+    def _by_change(self) -> dict[int, list[_Finding]]:
+        """Findings grouped by their change (``id`` of the CountChange): one pass, whatever the number of drivers."""
+        grouped: dict[int, list[_Finding]] = {}
+        for f in self.findings:
+            if f.change is not None:
+                grouped.setdefault(id(f.change), []).append(f)
+        return grouped
+
     def _finals(self, changes: Sequence[CountChange]) -> dict[str, int | None]:
         finals: dict[str, int | None] = {}
+        grouped = self._by_change()
         for c in changes:
             targets = [
                 f.violation.clamp_to
-                for f in self.findings
-                if f.change is c and f.effective is EnforcementAction.CLAMP and f.violation.clamp_to is not None
+                for f in grouped.get(id(c), ())
+                if f.effective is EnforcementAction.CLAMP and f.violation.clamp_to is not None
             ]
             finals[c.driver] = _closest_to_old(c, targets) if targets else c.new
         return finals
@@ -574,6 +582,7 @@ class _Evaluation:
     ]:
         entries: dict[str, EntryState] | None = None  # a copy, made at the first changed entry
         outcomes: list[ChangeOutcome] = []
+        grouped = self._by_change()
         for c in changes:
             final = finals[c.driver]
             ctx = self.contexts[c.driver]
@@ -581,7 +590,7 @@ class _Evaluation:
                 outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
                 continue
             prev = self.entries.get(c.driver)
-            freeze = any(f.change is c and self._freezes(f) for f in self.findings)
+            freeze = any(self._freezes(f) for f in grouped.get(id(c), ()))
             frozen_until = prev.frozen_until if prev and prev.frozen_until and prev.frozen_until > self.now else None
             if freeze:
                 frozen_until = self.now + timedelta(seconds=ctx.driver_policy.rules.freeze_for)
@@ -672,7 +681,9 @@ class _Evaluation:
         problem = self.decoded.problem
         detail = self.decoded.detail
         if denied:
-            lines = [_line(self.node, f.change, f.violation) for f in denied]
+            lines = [_line(self.node, f.change, f.violation) for f in denied[:MAX_MESSAGE_LINES]]
+            if len(denied) > MAX_MESSAGE_LINES:
+                lines.append(f"... and {len(denied) - MAX_MESSAGE_LINES} more violations (the audit log has each)")
             response = AdmissionResponse(
                 allowed=False,
                 status_code=403,
@@ -740,6 +751,46 @@ class _Evaluation:
             new_state=new_state,
             notes=tuple(self.notes),
         )
+
+
+def unjudged(request: AdmissionRequest) -> AdmissionDecision:
+    """The decision when judging ``request`` failed with an unexpected error (a bug): the design's asymmetry.
+
+    A write that raises a count (or makes it unbounded) is refused (403), since nothing vouches for it; any
+    other write is admitted unjudged with a warning. Both carry ``auditAnnotations.decision: error``. When even
+    the objects cannot be read, the write is admitted: it then changes no count the guard could tell.
+    """
+    try:
+        old = parse_csinode(request.old_object or {}, "oldObject")
+        new = parse_csinode(request.object or {}, "object")
+        rising = [c for c in diff_drivers(old, new) if c.is_increase] if request.operation == "UPDATE" else []
+    except Exception:  # the fallback of a failure must not fail itself
+        rising = []
+    annotations = {"decision": "error"}
+    if rising:
+        listed = ", ".join(f"{c.driver}: {format_count(c.old)} -> {format_count(c.new)}" for c in rising[:5])
+        message = (
+            f"csinode-guard could not judge this write (internal error), so it refuses its count increases "
+            f"({listed}{', ...' if len(rising) > 5 else ''}); decreases and other writes are admitted"
+        )
+        return AdmissionDecision(
+            response=AdmissionResponse(
+                allowed=False, status_code=403, reason="Forbidden", message=message, audit_annotations=annotations
+            ),
+            decision=Decision.DENY,
+            node=new.name or old.name or request.name,
+            notes=("internal error: count increases refused unjudged",),
+        )
+    return AdmissionDecision(
+        response=AdmissionResponse(
+            allowed=True,
+            warnings=("csinode-guard could not judge this write (internal error); it raises no count and was "
+                      "admitted unjudged",),
+            audit_annotations=annotations,
+        ),
+        decision=Decision.SKIP,
+        notes=("internal error: admitted unjudged",),
+    )
 
 
 def explain(decision: AdmissionDecision) -> list[str]:

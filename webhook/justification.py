@@ -47,7 +47,7 @@ def parse_justifications(value: str) -> list[Justification]:
     """Parse the annotation value; raises :class:`JustificationError` naming the bad entry and field."""
     try:
         doc = json.loads(value)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, or an integer over 4300 digits
         raise JustificationError(f"{JUSTIFICATION_ANNOTATION} is not JSON: {exc}") from None
     if isinstance(doc, dict):
         doc = [doc]

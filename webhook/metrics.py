@@ -55,7 +55,7 @@ BAD_REQUESTS = Counter(
 )
 INTERNAL_ERRORS = Counter(
     "csinode_guard_internal_errors",
-    "Evaluations that failed with an unexpected error (the write was admitted unjudged, with a warning).",
+    "Evaluations that failed with an unexpected error (count increases refused, other writes admitted unjudged).",
 )
 AUDIT_FAILURES = Counter(
     "csinode_guard_audit_write_failures",
@@ -181,12 +181,13 @@ def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, 
     keys += [(RULE_RESULTS, (o.rule, o.result, o.effective.value if o.effective else "none"))
              for o in decision.outcomes]
     if decision.decision is not Decision.ALLOW:
+        finals = {c.change.driver: c for c in decision.changes}
         for o in decision.outcomes:
             if o.result == "violation" and o.driver is not None and o.effective in (
                 EnforcementAction.DENY,
                 EnforcementAction.CLAMP,
             ):
-                change = next((c for c in decision.changes if c.change.driver == o.driver), None)
+                change = finals.get(o.driver)
                 if decision.decision is Decision.DENY or (change is not None and change.final == change.change.old):
                     keys.append((DISAGREEMENT, (o.driver, o.rule)))
     if decision.state_problem is not None and decision.state_problem.value != "missing":

@@ -272,8 +272,17 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 def load_yaml(text: str) -> Any:
-    """Parse one YAML document, refusing duplicate keys; raises ``yaml.YAMLError``."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)
+    """Parse one YAML document, refusing duplicate keys; raises ``yaml.YAMLError``.
+
+    Nesting deeper than the interpreter's recursion limit and integers beyond Python's 4300-digit conversion
+    limit are refused as ``yaml.YAMLError`` too (PyYAML lets them escape as RecursionError and ValueError).
+    """
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
+    except ValueError as exc:  # yaml.YAMLError is not a ValueError: only the int conversion limit lands here
+        raise yaml.YAMLError(str(exc)) from None
 
 
 @cache
@@ -520,4 +529,7 @@ def load_policy(path: str | Path | None = None) -> Policy:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise PolicyError(source, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    return parse_policy(doc, source, file.parent)
+    try:
+        return parse_policy(doc, source, file.parent)
+    except RecursionError:  # a document within YAML's nesting limit can still be too deep for the validation
+        raise PolicyError(source, "", "nested too deeply") from None

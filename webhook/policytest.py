@@ -80,7 +80,7 @@ from webhook.csinode import INT32_MAX
 from webhook.durations import DURATION_PATTERN, format_duration, parse_duration
 from webhook.evaluation import explain
 from webhook.justification import JUSTIFICATION_ANNOTATION
-from webhook.policy import RULE_IDS, STATE_INTEGRITY, Policy, PolicyError, load_policy
+from webhook.policy import RULE_IDS, STATE_INTEGRITY, Policy, PolicyError, load_policy, load_yaml
 from webhook.state import STATE_ANNOTATION, StateKeys, decode_state, format_time, parse_time
 
 API_VERSION = "csinode-guard.io/v1alpha1"
@@ -371,7 +371,7 @@ def load_test_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise PolicyTestError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -570,7 +570,7 @@ class _Case:
             raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(annotation)
             try:
                 current = json.loads(raw) if raw else {}
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 current = {}
             if not isinstance(current, dict):
                 current = {}

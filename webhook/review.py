@@ -23,6 +23,8 @@ except ImportError:  # pragma: no cover - orjson is a dependency; json alone giv
 API_VERSION = "admission.k8s.io/v1"
 KIND = "AdmissionReview"
 MAX_WARNING_LENGTH = 256
+MAX_WARNINGS = 32
+"""Warnings an answer carries at most; the last one counts the rest (kube-apiserver truncates long lists too)."""
 
 
 class ReviewError(ValueError):
@@ -143,7 +145,7 @@ def parse_review(body: bytes | str) -> AdmissionRequest:
     """
     try:
         doc = decode_json(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over 4300 digits
         raise ReviewError(f"body is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise ReviewError("body must be a JSON object (an AdmissionReview)")
@@ -241,7 +243,8 @@ def build_response(uid: str, response: AdmissionResponse, *, allow_patch: bool) 
 
     Always echoes ``apiVersion``, ``kind`` and ``response.uid``. ``patch``/``patchType`` are present only when
     ``allow_patch`` (the /mutate endpoint) and the patch is not empty; a validating webhook must not return a
-    patch. Warnings are cleaned to one line of at most 256 characters and de-duplicated in order.
+    patch. Warnings are cleaned to one line of at most 256 characters, de-duplicated in order, and at most
+    ``MAX_WARNINGS`` (the last then counts the others).
     """
     body: dict[str, Any] = {"uid": uid, "allowed": response.allowed}
     if not response.allowed:
@@ -251,10 +254,15 @@ def build_response(uid: str, response: AdmissionResponse, *, allow_patch: bool) 
             "message": response.message,
         }
     warnings: list[str] = []
+    seen: set[str] = set()
     for w in response.warnings:
         cleaned = clean_warning(w)
-        if cleaned and cleaned not in warnings:
+        if cleaned and cleaned not in seen:
+            seen.add(cleaned)
             warnings.append(cleaned)
+    if len(warnings) > MAX_WARNINGS:
+        rest = len(warnings) - MAX_WARNINGS + 1
+        warnings[MAX_WARNINGS - 1 :] = [f"... and {rest} more warnings (the audit log has each)"]
     if warnings:
         body["warnings"] = warnings
     if response.audit_annotations:

@@ -27,7 +27,7 @@ from webhook import metrics
 from webhook.audit import AuditWriter, build_records
 from webhook.budget import IncreaseBudget
 from webhook.cluster import ClusterView
-from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate
+from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate, unjudged
 from webhook.policy import Policy
 from webhook.policy_store import PolicyStore
 from webhook.review import AdmissionRequest, AdmissionResponse, ReviewError, build_response, parse_review, peek_uid
@@ -124,18 +124,6 @@ def _read_body(limit: int) -> bytes | None:
     return None if len(body) > limit else body
 
 
-def _internal_error_decision() -> AdmissionDecision:
-    return AdmissionDecision(
-        response=AdmissionResponse(
-            allowed=True,
-            warnings=("csinode-guard could not judge this write (internal error); it was admitted unjudged",),
-            audit_annotations={"decision": "error"},
-        ),
-        decision=Decision.SKIP,
-        notes=("internal error: admitted unjudged",),
-    )
-
-
 def _has_client_certificate(sock: Any) -> bool:
     """True when the TLS peer presented a certificate that verified against --client-ca."""
     getpeercert = getattr(sock, "getpeercert", None)
@@ -179,10 +167,10 @@ def _review(mode: Mode) -> Response:
             budget_clock=time.monotonic(),
         )
     except Exception:
-        log.exception("evaluation failed for request %s; admitting unjudged", review.uid)
+        log.exception("evaluation failed for request %s; count increases refused, other writes admitted", review.uid)
         metrics.INTERNAL_ERRORS.inc()
-        decision = _internal_error_decision()
-    if decision.decision is Decision.SKIP and decision.notes:
+        decision = unjudged(review)
+    if decision.notes and decision.decision in (Decision.SKIP, Decision.DENY):
         log.warning("request %s: %s", review.uid, "; ".join(decision.notes))
     document = build_response(review.uid, decision.response, allow_patch=mode is Mode.MUTATE)
     latency = time.perf_counter() - started

@@ -24,11 +24,13 @@ Closing a keep-alive connection: gunicorn drops the ``Connection`` header an app
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import logging
 import multiprocessing
 import os
+import shutil
 import ssl
 import tempfile
 import time
@@ -210,7 +212,8 @@ def honour_connection_close(app: Callable[..., Iterable[bytes]]) -> Callable[...
 def prepare_metrics_dir() -> str:
     """Create a fresh Prometheus multiprocess directory and export PROMETHEUS_MULTIPROC_DIR.
 
-    Must run before ``prometheus_client`` is imported anywhere in the process.
+    Must run before ``prometheus_client`` is imported anywhere in the process. A directory it creates (none was
+    given) is removed when this process exits; the worker processes, forked from it, leave it alone.
     """
     existing = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if existing:
@@ -224,6 +227,13 @@ def prepare_metrics_dir() -> str:
         return existing
     path = tempfile.mkdtemp(prefix="csinode-guard-metrics-")
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    owner = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == owner:  # not in a worker, which inherits this handler when gunicorn forks it
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(remove)
     return path
 
 

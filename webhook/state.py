@@ -304,7 +304,7 @@ def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
     except orjson.JSONDecodeError:
         try:  # what orjson refuses and json reads (NaN, lone surrogates) then fails the canonical-form check
             doc = json.loads(value)
-        except (json.JSONDecodeError, RecursionError) as exc:
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError, or an integer over 4300 digits
             return DecodedState(None, StateProblem.MALFORMED, f"not JSON: {exc}")
     if not isinstance(doc, dict) or not isinstance(doc.get("sig"), str):
         return DecodedState(None, StateProblem.MALFORMED, "no signature")

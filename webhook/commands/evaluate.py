@@ -14,7 +14,7 @@ import yaml
 from webhook.cluster import ClusterView, UnknownClusterView
 from webhook.evaluation import Mode, evaluate, explain
 from webhook.facts import FactsError, view_from_facts
-from webhook.policy import PolicyError, load_policy
+from webhook.policy import PolicyError, load_policy, load_yaml
 from webhook.review import ReviewError, build_response, parse_review
 from webhook.state import StateKeys, parse_time
 
@@ -77,7 +77,7 @@ def evaluate_command(review_file: BinaryIO, policy: Path | None, now_text: str |
     cluster: ClusterView = UnknownClusterView()
     if cluster_facts is not None:
         try:
-            cluster = view_from_facts(yaml.safe_load(cluster_facts.read_text()))
+            cluster = view_from_facts(load_yaml(cluster_facts.read_text()))
         except (FactsError, yaml.YAMLError) as exc:
             raise InputError(f"{cluster_facts}: {exc}") from None
     keys, key_source = _keys(state_key_file)

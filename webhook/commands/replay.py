@@ -13,7 +13,7 @@ import yaml
 
 from webhook.durations import parse_duration
 from webhook.facts import FactsError, view_from_facts
-from webhook.policy import PolicyError, load_policy
+from webhook.policy import PolicyError, load_policy, load_yaml
 from webhook.replay import Problem, Progress, Row, Summary, describe_input, replay
 
 _COLUMNS = (("TIME", 24), ("NODE", 34), ("DRIVER", 24), ("OLD -> NEW", 22), ("FINAL", 9), ("DECISION", 9))
@@ -131,7 +131,7 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
     facts = None
     if cluster_facts is not None:
         try:
-            facts = view_from_facts(yaml.safe_load(cluster_facts.read_text("utf-8")))
+            facts = view_from_facts(load_yaml(cluster_facts.read_text("utf-8")))
         except (FactsError, yaml.YAMLError, OSError) as exc:
             raise click.ClickException(f"{cluster_facts}: {exc}") from None
     show_bar = sys.stderr.isatty() if progress is None else progress
