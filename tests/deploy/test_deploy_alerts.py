@@ -22,6 +22,7 @@ GUARD_METRICS = {
     "csinode_guard_cache_synced",
     "csinode_guard_cache_staleness_seconds",
     "csinode_guard_persistent_disagreement_total",
+    "csinode_guard_internal_errors_total",
 }
 """The metric names the server exports (issue 6's list); alerts may use no other csinode_guard_ name."""
 
@@ -160,6 +161,18 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
         "CSINodeGuardStateVerificationFailures",
         "10m",
         [_series("csinode_guard_state_verification_failures_total", f'{POD}, reason="missing"', "0+5x10")],
+        [],
+    ),
+    (
+        "CSINodeGuardInternalErrors",
+        "10m",
+        [_series("csinode_guard_internal_errors_total", POD, "0 0 0 1 1 1 1 1 1 1 1")],
+        [{"severity": "warning", "namespace": "csinode-guard"}],
+    ),
+    (
+        "CSINodeGuardInternalErrors",
+        "10m",
+        [_series("csinode_guard_internal_errors_total", POD, "3x10")],
         [],
     ),
     (
