@@ -177,7 +177,7 @@ def test_diff_matches_drivers_by_name_when_kubelet_re_appends_the_updated_one() 
 
     changes = diff_drivers(parse_csinode(stored), parse_csinode(put))
 
-    assert changes == [CountChange(node=NODE, driver=EBS, old=25, new=23, index=2)]
+    assert changes == [CountChange(node=NODE, driver=EBS, old=25, new=23, position=2)]
 
 
 def test_diff_reports_no_change_when_only_the_order_changes() -> None:
@@ -230,7 +230,7 @@ def test_diff_lists_every_changed_driver_in_the_new_object_order() -> None:
 
     changes = diff_drivers(parse_csinode(old), parse_csinode(new))
 
-    assert [(c.driver, c.old, c.new, c.index) for c in changes] == [(EFS, None, 4, 0), (EBS, 25, 20, 2)]
+    assert [(c.driver, c.old, c.new, c.position) for c in changes] == [(EFS, None, 4, 0), (EBS, 25, 20, 2)]
 
 
 def test_diff_takes_the_node_name_from_the_old_object_when_the_new_one_has_none() -> None:

@@ -39,7 +39,7 @@ def context(
     """A change at T0 of an entry last changed ``ago`` seconds earlier (None: no recorded change)."""
     entry = None if ago is None else EntryState(count=old, changed_at=T0 - timedelta(seconds=ago))
     return RuleContext(
-        change=CountChange(node=NODE, driver=EBS, old=old, new=new, index=1),
+        change=CountChange(node=NODE, driver=EBS, old=old, new=new, position=1),
         policy=policy,
         driver_policy=policy.for_driver(EBS),
         writer=Writer(KUBELET, tuple(NODE_GROUPS), is_node_kubelet=True, is_listed_writer=False),

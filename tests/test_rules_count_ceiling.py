@@ -57,7 +57,7 @@ def context(
     approvals: tuple[Approval, ...] = (),
 ) -> RuleContext:
     return RuleContext(
-        change=CountChange(node=NODE, driver=driver, old=old, new=new, index=1),
+        change=CountChange(node=NODE, driver=driver, old=old, new=new, position=1),
         policy=policy,
         driver_policy=policy.for_driver(driver),
         writer=Writer(KUBELET, tuple(NODE_GROUPS), is_node_kubelet=True, is_listed_writer=False),

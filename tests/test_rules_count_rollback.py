@@ -71,7 +71,7 @@ def context(
     policy: Policy = POLICY,
 ) -> RuleContext:
     return RuleContext(
-        change=CountChange(node=NODE, driver=EBS, old=old, new=new, index=1),
+        change=CountChange(node=NODE, driver=EBS, old=old, new=new, position=1),
         policy=policy,
         driver_policy=policy.for_driver(EBS),
         writer=Writer(KUBELET, tuple(NODE_GROUPS), is_node_kubelet=True, is_listed_writer=False),

@@ -64,7 +64,7 @@ def context(
         is_listed_writer=policy.writers.contains(user, groups),
     )
     return RuleContext(
-        change=CountChange(node=NODE, driver=EBS, old=old, new=new, index=1),
+        change=CountChange(node=NODE, driver=EBS, old=old, new=new, position=1),
         policy=policy,
         driver_policy=policy.for_driver(EBS),
         writer=writer,

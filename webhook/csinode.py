@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple, TypeGuard
 
 INT32_MAX = 2147483647
@@ -128,32 +127,30 @@ class ChangeKind(enum.StrEnum):
     TO_BOUNDED = "unbounded-to-bounded"
 
 
-@dataclass(frozen=True)
-class CountChange:
-    """A change of one driver entry's allocatable count. ``None`` counts mean unbounded (+infinity).
-
-    ``index`` is the entry's position in the new object's ``spec.drivers`` (for patches).
+class CountChange(NamedTuple):
+    """A change of one driver entry's allocatable count (an immutable named tuple). ``None`` counts mean
+    unbounded (+infinity). ``position`` is the entry's index in the new object's ``spec.drivers`` (for patches).
     """
 
     node: str
     driver: str
     old: int | None
     new: int | None
-    index: int
-    kind: ChangeKind = field(init=False)
-    """The :class:`ChangeKind`: unbounded counts as +infinity (set at construction; the rules ask often)."""
-    is_increase: bool = field(init=False)
-    """True for an increase or bounded -> unbounded (the unsafe direction)."""
+    position: int
 
-    def __post_init__(self) -> None:
+    @property
+    def kind(self) -> ChangeKind:
+        """The :class:`ChangeKind`: unbounded counts as +infinity."""
         if self.new is None:
-            kind = ChangeKind.TO_UNBOUNDED
-        elif self.old is None:
-            kind = ChangeKind.TO_BOUNDED
-        else:
-            kind = ChangeKind.INCREASE if self.new > self.old else ChangeKind.DECREASE
-        object.__setattr__(self, "kind", kind)
-        object.__setattr__(self, "is_increase", kind is ChangeKind.INCREASE or kind is ChangeKind.TO_UNBOUNDED)
+            return ChangeKind.TO_UNBOUNDED
+        if self.old is None:
+            return ChangeKind.TO_BOUNDED
+        return ChangeKind.INCREASE if self.new > self.old else ChangeKind.DECREASE
+
+    @property
+    def is_increase(self) -> bool:
+        """True for an increase or bounded -> unbounded (the unsafe direction)."""
+        return self.new is None or (self.old is not None and self.new > self.old)
 
 
 def format_count(count: int | None) -> str:
@@ -177,7 +174,7 @@ def diff_drivers(old: CSINode, new: CSINode) -> list[CountChange]:
                 driver=name,
                 old=before.allocatable_count,
                 new=entry.allocatable_count,
-                index=entry.position,
+                position=entry.position,
             )
         )
     return changes

@@ -324,6 +324,7 @@ class _Evaluation:
         self.node = new.name or old.name or request.name
         self.uid = old.uid or new.uid
         self.findings: list[_Finding] = []
+        self.findings_by_change: dict[int, list[_Finding]] = {}  # by id() of the CountChange: linear in drivers
         self.outcomes: list[RuleOutcome] = []
         self.notes: list[str] = []
         self.contexts: dict[str, RuleContext] = {}
@@ -364,7 +365,10 @@ class _Evaluation:
         (change-rate before the budget check), which the violation takes the place of."""
         effective = self._effective(v, change)
         at = len(self.outcomes) if replaces is None else replaces
-        self.findings.append(_Finding(change, v, effective, at))
+        finding = _Finding(change, v, effective, at)
+        self.findings.append(finding)
+        if change is not None:
+            self.findings_by_change.setdefault(id(change), []).append(finding)
         suffix = ""
         if effective is EnforcementAction.CLAMP:
             suffix = f" (clamped to {format_count(v.clamp_to)})"
@@ -494,7 +498,7 @@ class _Evaluation:
         four retries of a denial (DESIGN.md, write amplification)."""
         if self.mode is not Mode.MUTATE:
             return
-        for i, f in enumerate(self.findings):
+        for f in self.findings:
             c = f.change
             if (
                 c is not None
@@ -504,7 +508,7 @@ class _Evaluation:
                 and finals[c.driver] == c.old
                 and c.new != c.old
             ):
-                self.findings[i] = _Finding(c, f.violation, EnforcementAction.CLAMP, f.outcome)
+                f.effective = EnforcementAction.CLAMP
                 self.outcomes[f.outcome] = self.outcomes[f.outcome]._replace(
                     effective=EnforcementAction.CLAMP,
                     message=_line(self.node, c, f.violation, f" (clamped to {format_count(c.old)})"),
@@ -526,17 +530,9 @@ class _Evaluation:
             return change.old is not None
         return change.old is not None and final > change.old
 
-    def _by_change(self) -> dict[int, list[_Finding]]:
-        """Findings grouped by their change (``id`` of the CountChange): one pass, whatever the number of drivers."""
-        grouped: dict[int, list[_Finding]] = {}
-        for f in self.findings:
-            if f.change is not None:
-                grouped.setdefault(id(f.change), []).append(f)
-        return grouped
-
     def _finals(self, changes: Sequence[CountChange]) -> dict[str, int | None]:
         finals: dict[str, int | None] = {}
-        grouped = self._by_change()
+        grouped = self.findings_by_change
         for c in changes:
             targets = [
                 f.violation.clamp_to
@@ -582,7 +578,7 @@ class _Evaluation:
     ]:
         entries: dict[str, EntryState] | None = None  # a copy, made at the first changed entry
         outcomes: list[ChangeOutcome] = []
-        grouped = self._by_change()
+        grouped = self.findings_by_change
         for c in changes:
             final = finals[c.driver]
             ctx = self.contexts[c.driver]
@@ -636,10 +632,10 @@ class _Evaluation:
                 final = finals[c.driver]
                 if final is None:  # pragma: no cover - a clamp target is always a count
                     continue
-                entry = dict(final_drivers[c.index])
-                final_drivers[c.index] = entry
+                entry = dict(final_drivers[c.position])
+                final_drivers[c.position] = entry
                 allocatable = entry.get("allocatable")
-                ops.append(set_count(c.index, final, isinstance(allocatable, dict)))
+                ops.append(set_count(c.position, final, isinstance(allocatable, dict)))
                 if isinstance(allocatable, dict):
                     entry["allocatable"] = {**allocatable, "count": final}
                 else:

@@ -177,7 +177,7 @@ class StateKeys:
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=True)
 
 
-def _canonical(doc: Mapping[str, Any]) -> bytes:
+def _canonical(doc: Any) -> bytes:
     """Compact JSON, keys sorted, ASCII only (``\\uXXXX`` escapes): the one form the guard signs and writes.
 
     orjson writes the same bytes as ``json`` with these settings whenever its output is ASCII (sorted keys
@@ -229,7 +229,14 @@ def encode_state(state: GuardState, keys: StateKeys) -> str:
         for a in state.approvals
     ]
     doc: dict[str, Any] = {"v": FORMAT_VERSION, "uid": state.uid, "drivers": drivers, "approvals": approvals}
-    doc["sig"] = keys.sign(_canonical(doc))
+    payload = _canonical(doc)
+    signature = keys.sign(payload)
+    # Keys sorted: "sig" goes right before the last two, "uid" (a string) and "v". Splicing it in gives the bytes
+    # _canonical(doc + sig) would give, without encoding the document twice.
+    tail = b',"uid":' + _canonical(state.uid) + b',"v":' + str(FORMAT_VERSION).encode("ascii") + b"}"
+    if payload.endswith(tail):
+        return (payload[: -len(tail)] + b',"sig":"' + signature.encode("ascii") + b'"' + tail).decode("ascii")
+    doc["sig"] = signature  # pragma: no cover - the tail is always there; kept as the plain definition
     return _canonical(doc).decode("ascii")
 
 
