@@ -1091,13 +1091,30 @@ def test_a_malformed_justification_from_a_justifier_is_refused_with_code_400() -
         ),
         pytest.param(
             json.dumps([{"driver": EBS, "reason": "r", "minCount": -1, "maxCount": 0, "expires": "2026-12-01"}]),
-            "csinode-guard.io/justification[0].minCount must be a non-negative integer",
+            "csinode-guard.io/justification[0].minCount must be an integer from 0 to 2147483647",
             id="a negative minimum",
         ),
         pytest.param(
             json.dumps([{"driver": EBS, "reason": "r", "minCount": 5, "maxCount": "9", "expires": "2026-12-01"}]),
-            "csinode-guard.io/justification[0].maxCount must be a non-negative integer",
+            "csinode-guard.io/justification[0].maxCount must be an integer from 0 to 2147483647",
             id="a maximum that is text",
+        ),
+        pytest.param(
+            json.dumps([{"driver": EBS, "reason": "r", "minCount": 5, "maxCount": 2**64, "expires": "2026-12-01"}]),
+            "csinode-guard.io/justification[0].maxCount must be an integer from 0 to 2147483647",
+            id="a maximum beyond int32 (the signed state must hold it exactly)",
+        ),
+        pytest.param(
+            json.dumps([{"driver": EBS, "reason": "r", "minCount": 5, "maxCount": 9,
+                         "expires": "9999-12-31T23:30:00-01:00"}]),
+            "csinode-guard.io/justification[0].expires must be an RFC 3339 time",
+            id="an expiry that UTC cannot hold",
+        ),
+        pytest.param(
+            json.dumps([{"driver": f"d{i}", "reason": "r", "minCount": 0, "maxCount": 1, "expires": "2026-12-01"}
+                        for i in range(257)]),
+            "csinode-guard.io/justification has 257 entries; at most 256",
+            id="too many entries",
         ),
         pytest.param(
             json.dumps([{"driver": EBS, "reason": "r", "minCount": 9, "maxCount": 5, "expires": "2026-12-01"}]),

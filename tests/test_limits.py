@@ -7,6 +7,7 @@ square of the input.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,79 @@ def test_evaluate_cli_refuses_a_review_at_the_int_limit_as_unusable_input(tmp_pa
                             check=False, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2, result.stderr
     assert "body is not JSON" in result.stderr and "Traceback" not in result.stderr
+
+
+DEEP = "[" * 1010 + "]" * 1010  # within orjson's 1024 levels, beyond what str() or json's encoder can recurse
+
+
+@pytest.mark.parametrize("mode", [Mode.MUTATE, Mode.VALIDATE])
+@pytest.mark.parametrize("where", ["annotation", "uid", "nodeID"])
+def test_deeply_nested_values_in_the_objects_are_refused_not_admitted(mode: Mode, where: str) -> None:
+    old, new = stored(), kubelet_update(stored(), EBS, 2000)
+    text = json.dumps(review(old, new, user=OTHER_WRITER))
+    doc = json.loads(text)
+    for side in ("object", "oldObject"):
+        obj = doc["request"][side]
+        if where == "annotation":
+            obj["metadata"].setdefault("annotations", {})["x"] = "DEEP"
+        elif where == "uid":
+            obj["metadata"]["uid"] = "DEEP"
+        else:
+            obj["spec"]["drivers"][-1]["nodeID"] = "DEEP"
+    body = json.dumps(doc).replace('"DEEP"', DEEP).encode()
+    judged = evaluate(parse_review(body), POLICY, UnknownClusterView(), NOW, KEYS, mode=mode)
+    assert judged.decision is Decision.INVALID and not judged.response.allowed
+
+
+def test_a_deeply_nested_state_annotation_is_malformed_and_the_write_judged() -> None:
+    old = with_annotation(stored(), STATE_ANNOTATION, "STATE")
+    body = json.dumps(review(old, kubelet_update(old, EBS, 39)))
+    body = body.replace('"STATE"', json.dumps('{"sig":"x","a":' + DEEP + "}"))
+    judged = judge(json.loads(body))
+    # malformed where json's encoder hits the recursion limit; a bad signature where the limit is higher
+    assert judged.state_problem in (StateProblem.MALFORMED, StateProblem.BAD_SIGNATURE)
+    assert judged.decision is Decision.CLAMP and "count-ceiling" in judged.fired_rules
+
+
+@pytest.mark.parametrize("field", ["name", "subResource"])
+def test_a_review_field_of_the_wrong_type_is_a_review_error(field: str) -> None:
+    doc = review(stored(), kubelet_update(stored(), EBS, 23))
+    doc["request"][field] = "DEEP"
+    with pytest.raises(ReviewError, match=f"request.{field} must be a string"):
+        parse_review(json.dumps(doc).replace('"DEEP"', DEEP).encode())
+
+
+@pytest.mark.parametrize(
+    ("edit", "profile", "cause"),
+    [
+        pytest.param({"evidence": {"resourceExhaustedWithin": "1000000d"}}, None, "at most 100 years",
+                     id="a window beyond 100 years"),
+        pytest.param({"rules": {"writer-version": {"freezeFor": "99999999999999999999h"}}}, None,
+                     "at most 100 years", id="a freeze beyond 100 years"),
+        pytest.param({"drivers": {123: {"maxStepUp": 4}}}, None, "not a valid policy",
+                     id="a driver key that is not a string"),
+        pytest.param(None, "default: .inf", "cannot convert float infinity",
+                     id="an infinite ceiling in a driver profile"),
+    ],
+)
+def test_a_policy_with_values_that_would_overflow_judging_is_refused(
+    tmp_path: Path, edit: dict[str, Any] | None, profile: str | None, cause: str
+) -> None:
+    doc = yaml.safe_load((REPO / "policies" / "default.yaml").read_text())
+    for key, value in (edit or {}).items():
+        if key == "drivers":
+            doc["spec"]["drivers"].update(value)
+        elif key == "rules":
+            for rule, settings in value.items():
+                doc["spec"]["rules"][rule].update(settings)
+        else:
+            doc["spec"].setdefault(key, {}).update(value)
+    (tmp_path / "profiles").mkdir()
+    for path in (REPO / "policies" / "profiles").iterdir():
+        text = path.read_text()
+        if profile and path.name == "ebs.csi.aws.com.yaml":
+            text = re.sub(r"(?m)^  default: .*$", f"  {profile}", text)
+        (tmp_path / "profiles" / path.name).write_text(text)
+    (tmp_path / "policy.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    with pytest.raises(PolicyError, match=cause):
+        load_policy(tmp_path / "policy.yaml")

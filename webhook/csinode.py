@@ -66,9 +66,9 @@ def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
     has_annotations = False
     if _is_mapping(raw_annotations):
         has_annotations = True
-        annotations = raw_annotations  # JSON gives string keys; values are copied only when one is not a string
-        if not all(type(v) is str for v in raw_annotations.values()):
-            annotations = {str(k): str(v) for k, v in raw_annotations.items()}
+        annotations = raw_annotations  # JSON gives string keys
+        if not all(type(v) is str for v in raw_annotations.values()):  # ObjectMeta.annotations: map[string]string
+            raise CSINodeError(f"{where}.metadata.annotations values must be strings")
     elif raw_annotations is not None:
         raise CSINodeError(f"{where}.metadata.annotations must be an object")
     spec = obj.get("spec") or {}
@@ -85,17 +85,21 @@ def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
         if name in drivers:
             raise CSINodeError(f"{where}.spec.drivers has driver {name!r} twice")
         node_id = entry.get("nodeID") or ""
+        if type(node_id) is not str:
+            raise CSINodeError(f"{where}.spec.drivers[{i}].nodeID must be a string")
         drivers[name] = CSINodeDriver(
             name,
-            node_id if type(node_id) is str else str(node_id),
+            node_id,
             _read_count(entry.get("allocatable"), where, i),
             i,
         )
     name = metadata.get("name") or ""
     uid = metadata.get("uid") or ""
+    if type(name) is not str or type(uid) is not str:
+        raise CSINodeError(f"{where}.metadata.name and .uid must be strings")
     return CSINode(
-        name if type(name) is str else str(name),
-        uid if type(uid) is str else str(uid),
+        name,
+        uid,
         annotations,
         drivers,
         has_annotations,

@@ -7,15 +7,18 @@ import re
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DURATION_PATTERN = r"^((\d+(\.\d+)?)(ms|s|m|h|d))+$"
+MAX_DURATION = 100 * 365 * 86400.0
+"""The longest duration a policy may name (100 years, in seconds): longer ones overflow date arithmetic."""
 
 
 def parse_duration(value: str | float) -> float:
-    """Seconds in ``value`` (``"90s"``, ``"15m"``, ``"1h30m"``, ``45``); raises ValueError when malformed."""
+    """Seconds in ``value`` (``"90s"``, ``"15m"``, ``"1h30m"``, ``45``); raises ValueError when malformed,
+    negative or longer than ``MAX_DURATION``."""
     if isinstance(value, bool):
         raise ValueError(f"not a duration: {value!r}")
     if isinstance(value, int | float):
-        if value < 0:
-            raise ValueError(f"duration must not be negative: {value!r}")
+        if not 0 <= value <= MAX_DURATION:
+            raise ValueError(f"duration must be from 0 to {MAX_DURATION:.0f} seconds (100 years): {value!r}")
         return float(value)
     text = value.strip()
     pos = 0
@@ -27,6 +30,8 @@ def parse_duration(value: str | float) -> float:
         pos = match.end()
     if pos != len(text) or not text:
         raise ValueError(f"not a duration (use e.g. 30s, 15m, 1h30m): {value!r}")
+    if not total <= MAX_DURATION:
+        raise ValueError(f"duration must be at most 100 years: {value!r}")
     return total
 
 

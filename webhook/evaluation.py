@@ -292,6 +292,8 @@ def evaluate(
         new = parse_csinode(request.object, "object")
     except CSINodeError as exc:
         return _invalid(f"not a valid CSINode: {exc}")
+    except RecursionError:
+        return _invalid("not a valid CSINode: nested too deeply")
     return _Evaluation(request, policy, cluster, now, keys, mode, budget, budget_clock, old, new).run()
 
 
@@ -406,6 +408,7 @@ class _Evaluation:
             parsed = parse_justifications(new_value)
         except JustificationError as exc:
             return _invalid(str(exc))
+        known = {(a.driver, a.min_count, a.max_count, a.expires, a.reason, a.ticket) for a in self.approvals}
         for j in parsed:
             if j.expires <= self.now:
                 self.notes.append(f"justification for {j.driver} expired at {j.expires.isoformat()}; not recorded")
@@ -420,12 +423,9 @@ class _Evaluation:
                 approved_by=self.request.username,
                 approved_at=self.now,
             )
-            duplicate = any(
-                (a.driver, a.min_count, a.max_count, a.expires, a.reason, a.ticket)
-                == (j.driver, j.min_count, j.max_count, j.expires, j.reason, j.ticket)
-                for a in self.approvals
-            )
-            if not duplicate:
+            key = (j.driver, j.min_count, j.max_count, j.expires, j.reason, j.ticket)
+            if key not in known:
+                known.add(key)
                 self.approvals.append(approval)
                 self.approvals_recorded += 1
         return None
@@ -753,16 +753,24 @@ def unjudged(request: AdmissionRequest) -> AdmissionDecision:
     """The decision when judging ``request`` failed with an unexpected error (a bug): the design's asymmetry.
 
     A write that raises a count (or makes it unbounded) is refused (403), since nothing vouches for it; any
-    other write is admitted unjudged with a warning. Both carry ``auditAnnotations.decision: error``. When even
-    the objects cannot be read, the write is admitted: it then changes no count the guard could tell.
+    other write is admitted unjudged with a warning. When even the objects cannot be read, the write is refused
+    (400), as :func:`evaluate` refuses objects that are not CSINodes. All carry ``auditAnnotations.decision:
+    error``.
     """
+    annotations = {"decision": "error"}
     try:
         old = parse_csinode(request.old_object or {}, "oldObject")
         new = parse_csinode(request.object or {}, "object")
         rising = [c for c in diff_drivers(old, new) if c.is_increase] if request.operation == "UPDATE" else []
-    except Exception:  # the fallback of a failure must not fail itself
-        rising = []
-    annotations = {"decision": "error"}
+    except Exception:  # the fallback of a failure must not fail itself; unreadable objects are refused
+        return AdmissionDecision(
+            response=AdmissionResponse(
+                allowed=False, status_code=400, reason="BadRequest", audit_annotations=annotations,
+                message="csinode-guard could not judge this write (internal error) nor read its objects",
+            ),
+            decision=Decision.INVALID,
+            notes=("internal error: unreadable objects refused",),
+        )
     if rising:
         listed = ", ".join(f"{c.driver}: {format_count(c.old)} -> {format_count(c.new)}" for c in rising[:5])
         message = (

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
+from webhook.csinode import INT32_MAX
 from webhook.state import parse_time
 
 JUSTIFICATION_ANNOTATION = "csinode-guard.io/justification"
@@ -36,10 +37,15 @@ class Justification:
     ticket: str
 
 
+MAX_ENTRIES = 256
+"""Justifications one annotation may hold (a node has a few drivers; the apiserver caps annotations at 256 KiB)."""
+
+
 def _int(entry: dict[str, object], key: str, where: str) -> int:
     value = entry.get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise JustificationError(f"{where}.{key} must be a non-negative integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT32_MAX:
+        # allocatable.count is an int32: no justification needs more, and the signed state must hold it exactly
+        raise JustificationError(f"{where}.{key} must be an integer from 0 to {INT32_MAX}")
     return value
 
 
@@ -53,6 +59,8 @@ def parse_justifications(value: str) -> list[Justification]:
         doc = [doc]
     if not isinstance(doc, list):
         raise JustificationError(f"{JUSTIFICATION_ANNOTATION} must be a JSON list of objects")
+    if len(doc) > MAX_ENTRIES:
+        raise JustificationError(f"{JUSTIFICATION_ANNOTATION} has {len(doc)} entries; at most {MAX_ENTRIES}")
     result: list[Justification] = []
     for i, entry in enumerate(doc):
         where = f"{JUSTIFICATION_ANNOTATION}[{i}]"
@@ -68,8 +76,8 @@ def parse_justifications(value: str) -> list[Justification]:
         if not isinstance(expires, str):
             raise JustificationError(f"{where}.expires must be an RFC 3339 time")
         try:
-            when = parse_time(expires)
-        except ValueError:
+            when = parse_time(expires).astimezone(UTC)  # also refuses a time that UTC cannot hold (year 10000)
+        except (ValueError, OverflowError):
             raise JustificationError(f"{where}.expires must be an RFC 3339 time") from None
         min_count = _int(entry, "minCount", where)
         max_count = _int(entry, "maxCount", where)

@@ -281,7 +281,7 @@ def load_yaml(text: str) -> Any:
         return yaml.load(text, Loader=_UniqueKeyLoader)
     except RecursionError:
         raise yaml.YAMLError("nested too deeply") from None
-    except ValueError as exc:  # yaml.YAMLError is not a ValueError: only the int conversion limit lands here
+    except (ValueError, TypeError) as exc:  # the int conversion limit; a mapping key that cannot be hashed
         raise yaml.YAMLError(str(exc)) from None
 
 
@@ -380,7 +380,7 @@ def load_profile(path: Path) -> DriverProfile:
             case_insensitive=bool(spec.get("caseInsensitive", False)),
             source=dict(spec.get("source") or {}),
         )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
         raise PolicyError(str(path), "$.spec", f"not a valid DriverProfile: {exc}") from None
 
 
@@ -531,5 +531,9 @@ def load_policy(path: str | Path | None = None) -> Policy:
         raise PolicyError(source, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
     try:
         return parse_policy(doc, source, file.parent)
+    except PolicyError:
+        raise
     except RecursionError:  # a document within YAML's nesting limit can still be too deep for the validation
         raise PolicyError(source, "", "nested too deeply") from None
+    except (TypeError, ValueError, OverflowError) as exc:  # e.g. a mapping key that is not a string (YAML 123:)
+        raise PolicyError(source, "", f"not a valid policy: {exc}") from None

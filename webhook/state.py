@@ -316,9 +316,14 @@ def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
     if not isinstance(doc, dict) or not isinstance(doc.get("sig"), str):
         return DecodedState(None, StateProblem.MALFORMED, "no signature")
     signature = doc.pop("sig")
-    if not keys.verify(_canonical(doc), signature):
+    try:
+        payload = _canonical(doc)
+        spelled = _canonical({**doc, "sig": signature}).decode("ascii")
+    except (TypeError, ValueError, RecursionError) as exc:  # nested too deeply for json, or not encodable
+        return DecodedState(None, StateProblem.MALFORMED, f"not a state document: {exc}")
+    if not keys.verify(payload, signature):
         return DecodedState(None, StateProblem.BAD_SIGNATURE, "signature does not verify")
-    if _canonical({**doc, "sig": signature}).decode("ascii") != value:
+    if spelled != value:
         # The guard writes exactly this form; any other spelling of the same document was edited by someone else.
         return DecodedState(None, StateProblem.MALFORMED, "not in the canonical form csinode-guard writes")
     if doc.get("v") != FORMAT_VERSION:
