@@ -485,3 +485,12 @@ def test_approval_covers(driver: str, count: int | None, now: datetime, covers: 
         approved_at=T0,
     )
     assert approval.covers(driver, count, now) is covers
+
+
+@pytest.mark.parametrize("uid", ["9f1c2d3e-4b5a-6978-8a9b-0c1d2e3f4a5b", "é\u2028\"\\x", 'a"b', "ü"])
+def test_the_written_state_is_exactly_the_canonical_form_of_its_document(uid: str) -> None:
+    entry = EntryState(count=3, changed_at=T0, writer_version="v1.2.3")
+    state = GuardState(uid=uid, entries={"dé/x": entry, EBS: entry})
+    text = encode_state(state, KEYS)
+    assert text == json.dumps(json.loads(text), sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    assert decode_state(text, uid, KEYS).state == state

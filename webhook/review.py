@@ -238,8 +238,11 @@ class AdmissionResponse(NamedTuple):
     audit_annotations: Mapping[str, str] = MappingProxyType({})
 
 
-def _dumps_compact(value: Any) -> bytes:
-    """Compact JSON (orjson; ``json`` for what orjson refuses: lone surrogates, integers beyond 64 bits)."""
+def dumps_compact(value: Any) -> bytes:
+    """Compact JSON bytes (orjson; ``json`` for what orjson refuses: lone surrogates, integers beyond 64 bits).
+
+    Used for the patch and, by the server, for every HTTP answer.
+    """
     if orjson is not None:
         try:
             return orjson.dumps(value)
@@ -281,7 +284,7 @@ def build_response(uid: str, response: AdmissionResponse, *, allow_patch: bool) 
                 raise ValueError(f"audit annotation key {key!r} must not contain '/'")
         body["auditAnnotations"] = dict(response.audit_annotations)
     if allow_patch and response.allowed and response.patch:
-        raw = _dumps_compact(list(response.patch))
+        raw = dumps_compact(list(response.patch))
         body["patchType"] = "JSONPatch"
         body["patch"] = base64.b64encode(raw).decode("ascii")
     return {"apiVersion": API_VERSION, "kind": KIND, "response": body}

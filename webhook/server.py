@@ -8,7 +8,6 @@ with ``allowed: false``. Nothing happens at import; collaborators live in ``app.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -19,7 +18,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import orjson
 from flask import Flask, Response, current_app, request
 from werkzeug.exceptions import HTTPException
 
@@ -30,7 +28,15 @@ from webhook.cluster import ClusterView
 from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate, unjudged
 from webhook.policy import Policy
 from webhook.policy_store import PolicyStore
-from webhook.review import AdmissionRequest, AdmissionResponse, ReviewError, build_response, parse_review, peek_uid
+from webhook.review import (
+    AdmissionRequest,
+    AdmissionResponse,
+    ReviewError,
+    build_response,
+    dumps_compact,
+    parse_review,
+    peek_uid,
+)
 from webhook.state import StateKeys
 
 log = logging.getLogger("csinode_guard.server")
@@ -95,11 +101,7 @@ class Runtime:
 
 def _json(document: Any, status: int = 200) -> Response:
     """A JSON response (orjson; ``json`` for what orjson refuses: lone surrogates, integers beyond 64 bits)."""
-    try:
-        body = orjson.dumps(document)
-    except orjson.JSONEncodeError:
-        body = json.dumps(document, separators=(",", ":")).encode()
-    return Response(body, status=status, mimetype="application/json")
+    return Response(dumps_compact(document), status=status, mimetype="application/json")
 
 
 def _error(code: int, message: str) -> Response:

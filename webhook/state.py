@@ -234,10 +234,8 @@ def encode_state(state: GuardState, keys: StateKeys) -> str:
     # Keys sorted: "sig" goes right before the last two, "uid" (a string) and "v". Splicing it in gives the bytes
     # _canonical(doc + sig) would give, without encoding the document twice.
     tail = b',"uid":' + _canonical(state.uid) + b',"v":' + str(FORMAT_VERSION).encode("ascii") + b"}"
-    if payload.endswith(tail):
-        return (payload[: -len(tail)] + b',"sig":"' + signature.encode("ascii") + b'"' + tail).decode("ascii")
-    doc["sig"] = signature  # pragma: no cover - the tail is always there; kept as the plain definition
-    return _canonical(doc).decode("ascii")
+    head = payload[: -len(tail)]
+    return (head + b',"sig":"' + signature.encode("ascii") + b'"' + tail).decode("ascii")
 
 
 class DecodedState(NamedTuple):
