@@ -10,9 +10,11 @@ seconds; everything else is the bundled default.
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import signal
+import threading
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -33,7 +35,7 @@ from tests.kube import (
     review,
     with_annotation,
 )
-from webhook import tls
+from webhook import flushlock, tls
 
 VERSIONS = "csinode-guard.io/driver-versions"
 JUSTIFICATION = "csinode-guard.io/justification"
@@ -283,6 +285,27 @@ def test_metrics_count_requests_by_endpoint_and_decision(server_factory: Any) ->
     assert len(expiry) == 1
     not_after = tls.certificate_not_after(server.cert_dir / "tls.crt").timestamp()
     assert float(expiry[0].split()[1]) == pytest.approx(not_after)
+
+
+def test_a_scrape_waits_while_a_worker_writes_a_batch_of_samples(server_factory: Any, tmp_path: Path) -> None:
+    """A scrape never sees half a flushed batch: it reads under the lock a worker's flush holds exclusively."""
+    shared = tmp_path / "prometheus"
+    shared.mkdir()
+    server = server_factory(env={"PROMETHEUS_MULTIPROC_DIR": str(shared)})
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    assert urllib.request.urlopen(url, timeout=5).status == 200
+    scraped: list[str] = []
+    with open(shared / flushlock.LOCK_NAME, "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # what a worker holds while it writes one batch
+        scrape = threading.Thread(
+            target=lambda: scraped.append(urllib.request.urlopen(url, timeout=10).read().decode()), daemon=True
+        )
+        scrape.start()
+        scrape.join(1.0)
+        assert scrape.is_alive() and not scraped, "the scrape read the sample files while a batch was being written"
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    scrape.join(10)
+    assert scraped and "csinode_guard_serving_certificate_expiry_timestamp_seconds" in scraped[0]
 
 
 def test_sigterm_finishes_and_exits_zero(server_factory: Any) -> None:

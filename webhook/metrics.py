@@ -9,12 +9,14 @@ Label values are bounded: endpoints, decisions, rule ids, enforcement actions, d
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
 from webhook.evaluation import AdmissionDecision, Decision
+from webhook.flushlock import flush_lock
 from webhook.policy import EnforcementAction
 
 REQUESTS = Counter(
@@ -123,16 +125,23 @@ class PendingUpdates:
             latencies.append(seconds)
 
     def flush(self) -> None:
-        """Write everything recorded so far to the metrics (safe from any thread)."""
+        """Write everything recorded so far to the metrics (safe from any thread).
+
+        The batch is written under the multiprocess directory's exclusive flush lock
+        (:func:`webhook.flushlock.flush_lock`): a scrape sees all of a batch or none of it.
+        """
         with self._lock:
             counts, self._counts = self._counts, {}
             latencies, self._latencies = self._latencies, {}
-        for (metric, labels), amount in counts.items():
-            _child(metric, *labels).inc(amount)
-        for endpoint, values in latencies.items():
-            child = _child(LATENCY, endpoint)
-            for value in values:
-                child.observe(value)
+        if not counts and not latencies:
+            return
+        with flush_lock(os.environ.get("PROMETHEUS_MULTIPROC_DIR"), shared=False):
+            for (metric, labels), amount in counts.items():
+                _child(metric, *labels).inc(amount)
+            for endpoint, values in latencies.items():
+                child = _child(LATENCY, endpoint)
+                for value in values:
+                    child.observe(value)
 
     def start(self) -> None:
         """Start the flusher thread (daemon) and flush once more at interpreter exit."""

@@ -40,6 +40,7 @@ from typing import Any, ClassVar
 
 from gunicorn.app.base import BaseApplication
 
+from webhook.flushlock import flush_lock
 from webhook.gctuning import settle_for_requests
 from webhook.settings import Settings
 
@@ -328,6 +329,23 @@ class CertificateExpiryCollector:
         yield family
 
 
+class LockedMultiProcessCollector:
+    """prometheus_client's ``MultiProcessCollector``, read under the shared flush lock of its directory.
+
+    The workers write each batch of samples under the exclusive lock (:mod:`webhook.flushlock`), so a scrape
+    sees every sample of a batch or none (never a request counted without its latency).
+    """
+
+    def __init__(self, collector: Any, directory: str) -> None:
+        self.collector = collector
+        self.directory = directory
+
+    def collect(self) -> Any:
+        """The merged metric families of all workers' sample files, read while no batch is half written."""
+        with flush_lock(self.directory, shared=True):
+            return list(self.collector.collect())
+
+
 def start_metrics_server(port: int, cert_file: Path | None = None) -> None:
     """Serve the merged multiprocess metrics on plain HTTP ``port`` from a daemon thread (0 disables).
 
@@ -340,9 +358,10 @@ def start_metrics_server(port: int, cert_file: Path | None = None) -> None:
 
     # The master defines no metrics of its own (webhook.metrics is imported only by the workers), so a gauge
     # merged with "min" or "max" never sees a master's zero.
-    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        registry.register(LockedMultiProcessCollector(multiprocess.MultiProcessCollector(None), directory))  # type: ignore[no-untyped-call]
     else:
         registry = REGISTRY
     if cert_file is not None:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import email.parser
+import importlib.metadata
 import shutil
 import subprocess
 import sys
 import venv
+import zipfile
 from pathlib import Path
 
 import dockerfile  # type: ignore[import-not-found]  # a compiled module without stubs
 import pytest
 from deploy_helpers import DEPLOY, REPO, find, load_yaml_documents
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 CONTAINERFILE = REPO / "Containerfile"
 
@@ -111,12 +116,29 @@ def test_the_wheel_installs_and_its_console_script_runs(tmp_path: Path) -> None:
         timeout=600,
     )
     (wheel,) = wheels.glob("csinode_guard-*.whl")
+    # A venv that sees neither the base interpreter's packages nor this test venv's: only the wheel and the
+    # distributions its metadata declares (with theirs, transitively) are copied in from this environment,
+    # offline. A dependency the wheel forgets to declare is missing there, and the console script fails.
     target = tmp_path / "venv"
-    venv.create(target, system_site_packages=True, with_pip=False)
+    venv.create(target, system_site_packages=False, with_pip=False)
     python = target / "bin" / "python"
-    subprocess.run(
-        [python, "-m", "pip", "install", "--no-deps", "--no-index", "--quiet", str(wheel)], check=True, timeout=600
+    site_packages = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True, text=True, check=True, timeout=60,
+        ).stdout.strip()
     )
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "--quiet",
+         str(wheel)],
+        check=True,
+        timeout=600,
+    )
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata_name,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        declared = email.parser.Parser().parsestr(archive.read(metadata_name).decode()).get_all("Requires-Dist", [])
+    copied = _copy_requirement_closure(declared, site_packages)
+    assert {"semver", "flask", "kubernetes", "gunicorn"} <= copied
     result = subprocess.run(
         [target / "bin" / "csinode-guard", "--version"],
         capture_output=True,
@@ -136,6 +158,32 @@ def test_the_wheel_installs_and_its_console_script_runs(tmp_path: Path) -> None:
         check=True,
     )
     assert located.stdout.startswith(str(target)), "the installed wheel, not the source tree, was imported"
+
+
+def _copy_requirement_closure(requirements: list[str], site_packages: Path) -> set[str]:
+    """Copy the installed distributions named by ``requirements`` (Requires-Dist lines, no extras), and theirs,
+    from this environment into ``site_packages``; return their normalized names."""
+    copied: set[str] = set()
+    pending = [Requirement(line) for line in requirements]
+    while pending:
+        requirement = pending.pop()
+        if requirement.marker is not None and not requirement.marker.evaluate({"extra": ""}):
+            continue
+        name = canonicalize_name(requirement.name)
+        if name in copied:
+            continue
+        distribution = importlib.metadata.distribution(requirement.name)
+        copied.add(name)
+        base = Path(str(distribution.locate_file("")))
+        for file in distribution.files or []:
+            source = (base / file).resolve()
+            if not source.is_file() or base.resolve() not in source.parents:
+                continue  # console scripts and data outside site-packages are not needed to import
+            destination = site_packages / source.relative_to(base.resolve())
+            destination.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination)
+        pending += [Requirement(line) for line in distribution.requires or []]
+    return copied
 
 
 def test_the_ci_script_is_executable_shell() -> None:
