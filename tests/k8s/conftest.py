@@ -33,6 +33,19 @@ from tests.k8s.controlplane import (
     running_guard,
 )
 
+UNAVAILABLE = "real Kubernetes control plane unavailable"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """Report the skip of a missing control plane at this file, not at each test: ``-rs`` then folds all of
+    them into one line."""
+    report: pytest.TestReport = yield
+    longrepr = report.longrepr
+    if report.skipped and isinstance(longrepr, tuple) and str(longrepr[2]).startswith(f"Skipped: {UNAVAILABLE}"):
+        report.longrepr = (__file__, 1, longrepr[2])
+    return report
+
 
 @pytest.fixture(scope="session")
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
@@ -41,7 +54,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
         cluster_sh, start_env = discover()
         kubectl_binary()
     except ControlPlaneUnavailable as exc:
-        message = f"real Kubernetes control plane unavailable: {exc}"
+        message = f"{UNAVAILABLE}: {exc}"
         if os.environ.get(REQUIRE_ENV) == "1":
             pytest.fail(f"{message} ({REQUIRE_ENV}=1)", pytrace=False)
         pytest.skip(message)
