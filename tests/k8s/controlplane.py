@@ -257,6 +257,26 @@ class ControlPlane:
         result: dict[str, Any] = self.kubectl_json("get", "csinode", node)
         return result
 
+    def replace_count(
+        self, node: str, driver: str, count: int | None, *, kubeconfig: Path | None = None, check: bool = True,
+        annotations: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[str]:
+        """GET the CSINode and PUT it back (``kubectl replace``, with its resourceVersion) with ``driver``'s
+        ``allocatable.count`` set (None: ``allocatable`` removed) and ``annotations`` merged, as the identity of
+        ``kubeconfig`` (default: the node's own, ``system:node:<node>``). For counts kubelet's code cannot
+        write (0: kubelet drops ``allocatable`` for ``max_volumes_per_node`` 0) and for other writers."""
+        kubeconfig = kubeconfig or self.node_kubeconfig(node)
+        stored = self.kubectl_json("get", "csinode", node, kubeconfig=kubeconfig)
+        for entry in stored["spec"]["drivers"]:
+            if entry["name"] == driver:
+                if count is None:
+                    entry.pop("allocatable", None)
+                else:
+                    entry["allocatable"] = {"count": count}
+        if annotations:
+            stored["metadata"].setdefault("annotations", {}).update(annotations)
+        return self.kubectl("replace", "-f", "-", kubeconfig=kubeconfig, check=check, input=json.dumps(stored))
+
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` for the admin kubeconfig (shared, closed at stop)."""
         if self._api_client is None:
@@ -357,6 +377,27 @@ def csinode_writes(node: str) -> Callable[[dict[str, Any]], bool]:
 
 # ==================================================================== the guard
 DEFAULT_POLICY = REPO / "policies" / "default.yaml"
+
+
+def policy_file(path: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """Write ``policies/default.yaml``, changed by ``edit(doc)``, to ``path``; returns ``path``."""
+    import yaml  # noqa: PLC0415
+
+    doc = yaml.safe_load(DEFAULT_POLICY.read_text())
+    if edit is not None:
+        edit(doc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def fast_policy(path: Path, min_interval: str = "2s") -> Path:
+    """The default policy with change-rate's ``minInterval`` shortened (as tests/test_e2e.py does)."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        doc["spec"]["rules"]["change-rate"]["minInterval"] = min_interval
+
+    return policy_file(path, edit)
 
 
 @dataclass
