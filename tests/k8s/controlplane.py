@@ -259,11 +259,12 @@ class ControlPlane:
 
     def replace_count(
         self, node: str, driver: str, count: int | None, *, kubeconfig: Path | None = None, check: bool = True,
-        annotations: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None, dry_run: bool = False,
     ) -> subprocess.CompletedProcess[str]:
         """GET the CSINode and PUT it back (``kubectl replace``, with its resourceVersion) with ``driver``'s
         ``allocatable.count`` set (None: ``allocatable`` removed) and ``annotations`` merged, as the identity of
-        ``kubeconfig`` (default: the node's own, ``system:node:<node>``). For counts kubelet's code cannot
+        ``kubeconfig`` (default: the node's own, ``system:node:<node>``); ``dry_run``: a server-side dry run that
+        every webhook judges and nothing stores. For counts kubelet's code cannot
         write (0: kubelet drops ``allocatable`` for ``max_volumes_per_node`` 0) and for other writers."""
         kubeconfig = kubeconfig or self.node_kubeconfig(node)
         stored = self.kubectl_json("get", "csinode", node, kubeconfig=kubeconfig)
@@ -275,7 +276,10 @@ class ControlPlane:
                     entry["allocatable"] = {"count": count}
         if annotations:
             stored["metadata"].setdefault("annotations", {}).update(annotations)
-        return self.kubectl("replace", "-f", "-", kubeconfig=kubeconfig, check=check, input=json.dumps(stored))
+        return self.kubectl(
+            "replace", "-f", "-", *(["--dry-run=server"] if dry_run else []),
+            kubeconfig=kubeconfig, check=check, input=json.dumps(stored),
+        )
 
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` for the admin kubeconfig (shared, closed at stop)."""
