@@ -35,6 +35,7 @@ REQUIRED_BINARIES = ("kube-apiserver", "etcd", "kube-scheduler", "kubelet-csinod
 REQUIRE_ENV = "CSINODE_GUARD_REQUIRE_K8S"
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 
+APPROVERS = "csinode-guard:approvers"
 KUBELET_VERSION = "v1.36.2"
 """The kubelet version the Nodes created here report in ``status.nodeInfo`` (the binaries' version)."""
 
@@ -280,6 +281,26 @@ class ControlPlane:
             "replace", "-f", "-", *(["--dry-run=server"] if dry_run else []),
             kubeconfig=kubeconfig, check=check, input=json.dumps(stored),
         )
+
+    def approver_kubeconfig(self, name: str = "alice@example.com") -> Path:
+        """A kubeconfig for ``name`` in group ``csinode-guard:approvers`` (the default policy's justifiers), bound
+        to deploy/base/rbac.yaml's ClusterRole csinode-guard-approver."""
+        import yaml  # noqa: PLC0415
+
+        role = next(
+            doc for doc in yaml.safe_load_all((REPO / "deploy" / "base" / "rbac.yaml").read_text())
+            if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == "csinode-guard-approver"
+        )
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "csinode-guard-approvers"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "csinode-guard-approver"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": APPROVERS}],
+        }
+        self.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                           "items": [role, binding]}))
+        return self.user_kubeconfig(name, APPROVERS)
 
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` for the admin kubeconfig (shared, closed at stop)."""

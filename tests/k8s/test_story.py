@@ -15,38 +15,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tests.k8s.controlplane import REPO, ControlPlane, Guard, counts, csinode_writes, fast_policy, unique, wait_until
+from tests.k8s.controlplane import ControlPlane, Guard, counts, csinode_writes, fast_policy, unique, wait_until
 
 EBS = "ebs.csi.aws.com"
 STATE = "csinode-guard.io/state"
 JUSTIFICATION = "csinode-guard.io/justification"
 VERSIONS = "csinode-guard.io/driver-versions"
-APPROVERS = "csinode-guard:approvers"
 MUTATE = "mutate.csinode-guard.io"
 
 
 def state_of(csinode: dict[str, Any]) -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads(csinode["metadata"]["annotations"][STATE])
     return loaded
-
-
-def approver_kubeconfig(cp: ControlPlane) -> Path:
-    """alice in csinode-guard:approvers, bound to deploy/base/rbac.yaml's ClusterRole csinode-guard-approver."""
-    role = next(
-        doc for doc in yaml.safe_load_all((REPO / "deploy" / "base" / "rbac.yaml").read_text())
-        if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == "csinode-guard-approver"
-    )
-    cp.kubectl("apply", "-f", "-", input=json.dumps(role))
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "csinode-guard-approvers"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "csinode-guard-approver"},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": APPROVERS}],
-    }
-    cp.kubectl("apply", "-f", "-", input=json.dumps(binding))
-    return cp.user_kubeconfig("alice@example.com", APPROVERS)
 
 
 def writes(cp: ControlPlane, node: str) -> list[dict[str, Any]]:
@@ -126,7 +106,7 @@ def test_the_kubelet_story_ends_in_the_counts_stored_in_etcd(
     justification = [{"driver": EBS, "reason": "instance retirement", "minCount": 0, "maxCount": 0,
                       "expires": expires, "ticket": "OPS-4711"}]
     cp.kubectl("annotate", "csinode", node, f"{JUSTIFICATION}={json.dumps(justification)}",
-               kubeconfig=approver_kubeconfig(cp))
+               kubeconfig=cp.approver_kubeconfig())
     approval = state_of(cp.get_csinode(node))["approvals"][0]
     assert (approval["approvedBy"], approval["ticket"]) == ("alice@example.com", "OPS-4711")
     drop = cp.replace_count(node, EBS, 0)
