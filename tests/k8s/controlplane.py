@@ -346,16 +346,20 @@ class ControlPlane:
     PROBE_NODE = "csinode-guard-probe"
     PROBE_DRIVER = "ebs.csi.aws.com"
 
-    def probe_write(self) -> subprocess.CompletedProcess[str]:
+    def probe_write(self, marker: str | None = None) -> subprocess.CompletedProcess[str]:
         """A server-side dry-run UPDATE of CSINode :data:`PROBE_NODE` by that node, lowering a count 2 -> 1: it
         reaches every registered webhook of the guard and changes nothing. The CSINode is created (by admin) on
-        first use. Used to wait until the apiserver calls (or stops calling) a newly (un)registered guard."""
+        first use. Used to wait until the apiserver calls (or stops calling) a newly (un)registered guard;
+        ``marker`` goes into an annotation, to find the request's audit event."""
         if not self._probe_ready:
             self.kubectl("apply", "-f", "-", input=json.dumps(self._probe_csinode(2)))
             self._probe_ready = True
+        probe = self._probe_csinode(1)
+        if marker is not None:  # to find this request's event in the audit log
+            probe["metadata"]["annotations"] = {"test.csinode-guard.io/probe": marker}
         return self.kubectl(
             "replace", "--dry-run=server", "-f", "-", check=False,
-            kubeconfig=self.node_kubeconfig(self.PROBE_NODE), input=json.dumps(self._probe_csinode(1)),
+            kubeconfig=self.node_kubeconfig(self.PROBE_NODE), input=json.dumps(probe),
         )
 
     def _probe_csinode(self, count: int) -> dict[str, Any]:
