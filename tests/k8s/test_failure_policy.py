@@ -85,6 +85,15 @@ def test_a_count_change_with_the_guard_stopped_is_refused_at_once_until_unregist
     assert counts(stored) == {EBS: 23}
     assert "csinode-guard.io/state" not in (stored["metadata"].get("annotations") or {})
 
+    # Started again on the same port and registered again, it judges the next change.
+    port = guard.port
+    guard.start()
+    guard.register()
+    assert guard.port == port
+    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "22")
+    assert counts(cp.get_csinode(node)) == {EBS: 22}
+    assert [(r["old"], r["new"]) for r in guard.decisions() if r.get("node") == node] == [(23, 22), (23, 22)]
+
 
 def test_a_count_change_with_the_guard_hanging_waits_timeout_seconds_then_is_refused(
     control_plane: ControlPlane, guard: Guard
