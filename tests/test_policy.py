@@ -202,7 +202,7 @@ def broken(change: str, value: Any) -> dict[str, Any]:
         pytest.param(
             broken("spec|writers", {"serviceAccounts": ["kube-system:csi-controller"]}),
             "$.spec.writers.serviceAccounts[0]",
-            "does not match",
+            "'kube-system:csi-controller' is not a service account written as namespace/name",
             id="a service account not written as namespace slash name",
         ),
         pytest.param(
@@ -228,6 +228,18 @@ def broken(change: str, value: Any) -> dict[str, Any]:
             f"$.spec.drivers['{EBS}'].minVersion",
             "not a semantic version: '1.2.3-01'",
             id="a min version that is not a semantic version",
+        ),
+        pytest.param(
+            broken("spec|drivers", {EBS: {"minVersion": "latest"}}),
+            f"$.spec.drivers['{EBS}'].minVersion",
+            "'latest' is not a version like v1.30.0 or 1.30",
+            id="a min version that is not a version at all",
+        ),
+        pytest.param(
+            broken("spec|drivers", {EBS: {"ceiling": {"profile": "EBS_Profile"}}}),
+            f"$.spec.drivers['{EBS}'].ceiling.profile",
+            "'EBS_Profile' is not a profile name",
+            id="a profile name with capitals",
         ),
         pytest.param(
             broken("spec|drivers", {EBS: {"ceiling": {"profile": "no-such-profile"}}}),

@@ -327,8 +327,9 @@ def json_path(parts: Iterable[str | int], start: str = "$") -> str:
 
 
 def describe_schema_error(error: jsonschema.exceptions.ValidationError) -> str:
-    """The constraint a schema violation broke, in words: a duration that is not a number and malformed says what
-    a duration looks like (never the raw regular expression); anything else is jsonschema's own message."""
+    """The constraint a schema violation broke, in words: a malformed duration (not a number), version, service
+    account or profile name says what it should look like, never the raw regular expression (which the JSON log
+    escapes once more); anything else is jsonschema's own message."""
     number = isinstance(error.instance, int | float) and not isinstance(error.instance, bool)
     for e in () if number else (error, error.parent):
         schema = e.schema if e is not None else None
@@ -337,7 +338,19 @@ def describe_schema_error(error: jsonschema.exceptions.ValidationError) -> str:
             or any(isinstance(s, Mapping) and s.get("pattern") == DURATION_PATTERN for s in schema.get("oneOf") or ())
         ):
             return f"{error.instance!r} is not {DURATION_HINT} (or a number of seconds)"
+    if error.validator == "pattern" and isinstance(error.validator_value, str):
+        for needle, form in _PATTERN_FORMS:
+            if needle in error.validator_value:
+                return f"{error.instance!r} is not {form}"
     return str(error.message)
+
+
+_PATTERN_FORMS = (
+    ("(\\.\\d+){0,2}", "a version like v1.30.0 or 1.30"),
+    (")?/[a-z0-9]", "a service account written as namespace/name (kube-system/ebs-csi-controller-sa)"),
+    ("([-.a-z0-9]*[a-z0-9])?$", "a profile name (lower-case letters, digits, '-' and '.')"),
+)
+"""What each pattern of the policy schema (webhook/schema) asks for, in words, by a fragment of the pattern."""
 
 
 def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
