@@ -138,6 +138,12 @@ class ControlPlane:
         self.env = dict(
             line.split("=", 1) for line in (self.dir / "env").read_text().splitlines() if "=" in line
         )
+        self._create_probe()  # before any webhook is registered, whatever it would judge
+
+    def _create_probe(self) -> None:
+        if not self._probe_ready:
+            self.kubectl("apply", "-f", "-", input=json.dumps(self._probe_csinode(2)))
+            self._probe_ready = True
 
     def stop(self) -> None:
         """``cluster.sh stop DIR`` (SIGTERM, SIGKILL after 10 s); safe on a half-started cluster."""
@@ -348,12 +354,10 @@ class ControlPlane:
 
     def probe_write(self, marker: str | None = None) -> subprocess.CompletedProcess[str]:
         """A server-side dry-run UPDATE of CSINode :data:`PROBE_NODE` by that node, lowering a count 2 -> 1: it
-        reaches every registered webhook of the guard and changes nothing. The CSINode is created (by admin) on
-        first use. Used to wait until the apiserver calls (or stops calling) a newly (un)registered guard;
+        reaches every registered webhook of the guard and changes nothing. The CSINode is created (by admin) when
+        the cluster starts. Used to wait until the apiserver calls (or stops calling) a newly (un)registered guard;
         ``marker`` goes into an annotation, to find the request's audit event."""
-        if not self._probe_ready:
-            self.kubectl("apply", "-f", "-", input=json.dumps(self._probe_csinode(2)))
-            self._probe_ready = True
+        self._create_probe()
         probe = self._probe_csinode(1)
         if marker is not None:  # to find this request's event in the audit log
             probe["metadata"]["annotations"] = {"test.csinode-guard.io/probe": marker}
