@@ -2,6 +2,11 @@
 ``failurePolicy: Fail`` and ``timeoutSeconds: 5`` do to the others (measured), and ``unregister`` as the
 emergency switch.
 
+Measured here (2026-12-01, 2 busy CPUs; the tests print their times with ``-s``): a registration plus a removal
+take 0.3-0.5 s whether the guard is up, stopped or hung (the apiserver never calls it for them); with the guard
+stopped, kubelet's count update is refused after 0.4 s (connection refused, failurePolicy Fail); with it hung,
+one PUT is refused after 5.2 s (timeoutSeconds 5) and kubelet's update gives up after 20.5 s and 4 tries.
+
 The tests named ``test_today_...`` pin today's registration behaviour (a driver registration or removal never
 reaches the guard: rules and matchConditions); the registration work changes what reaches it and updates them.
 """
