@@ -22,12 +22,18 @@ def run(settings: Settings) -> int:
     """
     setup_logging(settings.log_level)
     from webhook import tls  # noqa: PLC0415
+    from webhook.policy_metrics import PolicyCollector  # noqa: PLC0415
     from webhook.policy_store import PolicyStore  # noqa: PLC0415
     from webhook.serving import GuardApplication, gunicorn_options, new_audit_lock, start_metrics_server  # noqa: PLC0415
     from webhook.state import StateKeys  # noqa: PLC0415
 
+    policy_metrics = PolicyCollector()
     try:
-        initial = PolicyStore(settings.policy, interval=0).current()
+        # The master's own store: it checks the policy before any worker starts, and from when_ready on it
+        # watches the file for the policy metrics (once per replica; webhook.policy_metrics).
+        master_store = PolicyStore(settings.policy, interval=settings.policy_reload_interval,
+                                   on_reload=policy_metrics.on_reload)
+        initial = master_store.current()
     except PolicyError as exc:
         log.error("policy refused, not starting: %s", exc)
         return 2
@@ -66,7 +72,9 @@ def run(settings: Settings) -> int:
     )
 
     def when_ready(_server: Any) -> None:
-        start_metrics_server(settings.metrics_port, cert_file)
+        policy_metrics.store = master_store
+        master_store.start()
+        start_metrics_server(settings.metrics_port, cert_file, [policy_metrics])
 
     def ssl_hook(_conf: Any, _default: Any) -> Any:
         return ssl_source.context()
@@ -108,18 +116,15 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
     from webhook.policy_store import PolicySnapshot, PolicyStore  # noqa: PLC0415
     from webhook.server import Runtime, create_app  # noqa: PLC0415
 
-    previous: dict[str, str] = {}
     policy_listeners: list[Any] = []  # told of every new policy (the cluster view's pod version sources)
 
     def on_reload(result: str, snapshot: PolicySnapshot) -> None:
-        metrics.POLICY_RELOADS.labels(result).inc()
+        # Reloads are counted and the policy metrics published by the master (webhook.policy_metrics).
         if result == "success":
-            _publish_policy(snapshot, previous)
             for listener in policy_listeners:
                 listener(snapshot.policy)
 
     store = PolicyStore(settings.policy, interval=settings.policy_reload_interval, on_reload=on_reload)
-    _publish_policy(store.current(), previous)
     cluster, readiness, on_policy, observe_count = build_cluster(settings, store.current().policy)
     if on_policy is not None:
         policy_listeners.append(on_policy)
@@ -148,18 +153,6 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
         require_client_cert=settings.client_ca is not None,
     )
     return create_app(runtime)
-
-
-def _publish_policy(snapshot: Any, previous: dict[str, str]) -> None:
-    from webhook import metrics  # noqa: PLC0415
-
-    old = previous.get("hash")
-    if old and old != snapshot.policy.hash:
-        metrics.POLICY_INFO.labels(old, previous.get("name", "")).set(0)
-    metrics.POLICY_INFO.labels(snapshot.policy.hash, snapshot.policy.name).set(1)
-    metrics.POLICY_GENERATION.set(snapshot.generation)
-    previous["hash"] = snapshot.policy.hash
-    previous["name"] = snapshot.policy.name
 
 
 def build_cluster(settings: Settings, policy: Any) -> tuple[Any, Any, Any, Any]:

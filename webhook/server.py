@@ -261,18 +261,26 @@ def create_app(runtime: Runtime) -> Flask:
 
     @app.get("/readyz", provide_automatic_options=False)
     def readyz() -> Any:
+        """200 while this worker can judge (status "ok", or "degraded" with problems that do not stop it, such
+        as a refused policy file); 503 "unavailable" otherwise. ``problems`` lists both kinds, one line each."""
         snapshot = runtime.policies.current()
         problems = list(runtime.certificate_problems())
         cluster_ready, cluster_reason = runtime.readiness()
         if not cluster_ready:
             problems.append(f"cluster caches: {cluster_reason}")
+        ready = not problems
+        # A refused policy file does not make the replica unready (the last good policy serves), but it is
+        # reported: the next start would refuse the file.
+        policy_problem = runtime.policies.problem()
+        if policy_problem is not None:
+            problems.append(policy_problem.describe())
         body = {
-            "status": "ok" if not problems else "unavailable",
+            "status": ("ok" if not problems else "degraded") if ready else "unavailable",
             "policy": {"hash": snapshot.policy.hash, "generation": snapshot.generation},
             "cluster": cluster_reason,
             "problems": problems,
         }
-        return _json(body, 200 if not problems else 503)
+        return _json(body, 200 if ready else 503)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Any:

@@ -346,11 +346,12 @@ class LockedMultiProcessCollector:
             return list(self.collector.collect())
 
 
-def start_metrics_server(port: int, cert_file: Path | None = None) -> None:
+def start_metrics_server(port: int, cert_file: Path | None = None, collectors: Iterable[Any] = ()) -> None:
     """Serve the merged multiprocess metrics on plain HTTP ``port`` from a daemon thread (0 disables).
 
     With ``cert_file``, the serving certificate's expiry is collected at scrape time
-    (:class:`CertificateExpiryCollector`).
+    (:class:`CertificateExpiryCollector`); ``collectors`` (the master's own, such as the policy metrics) are
+    registered next to the merged view.
     """
     if port <= 0:
         return
@@ -366,6 +367,8 @@ def start_metrics_server(port: int, cert_file: Path | None = None) -> None:
         registry = REGISTRY
     if cert_file is not None:
         registry.register(CertificateExpiryCollector(cert_file))
+    for collector in collectors:
+        registry.register(collector)
     start_http_server(port, registry=registry)
     log.info("metrics on http://0.0.0.0:%d/metrics", port)
 
