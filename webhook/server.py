@@ -108,7 +108,8 @@ def _error(code: int, message: str) -> Response:
     metrics.count_bad_request(code)
     response = _json({"error": message, "code": code}, code)
     if code == 413:
-        # The body was not read: close rather than let the server drain it to keep the connection alive.
+        # The rest of the body is not read after the answer: close rather than let the server drain it to keep
+        # the connection alive.
         response.headers["Connection"] = "close"
     return response
 
@@ -124,6 +125,37 @@ def _read_body(limit: int) -> bytes | None:
         return None if length > limit else request.get_data(cache=False)
     body: bytes = request.environ["wsgi.input"].read(limit + 1)
     return None if len(body) > limit else body
+
+
+MAX_DRAIN_BYTES = 8 * 1024 * 1024
+"""Bytes of a refused (413) body read and discarded before the answer, so that a client that sends its whole body
+before it reads (kube-apiserver's HTTP client) reads the 413 instead of a connection reset: closing a TCP
+connection with unread data makes the kernel send RST, and the client's unread answer is lost. A body declared
+longer than this is not drained (answered at once and closed). Reads stop at the client read deadline
+(:mod:`webhook.serving`), so a stalled client holds the thread no longer than any other request."""
+
+
+def _drain_body() -> None:
+    """Read and discard the rest of the request body, at most ``MAX_DRAIN_BYTES`` in all (see there)."""
+    length = request.content_length
+    if length is not None and length > MAX_DRAIN_BYTES:
+        return
+    stream = request.environ["wsgi.input"]
+    left = MAX_DRAIN_BYTES
+    try:
+        while left > 0:
+            chunk = stream.read(min(65536, left))
+            if not chunk:
+                return
+            left -= len(chunk)
+    except (OSError, ValueError) as exc:  # a stalled or broken client: the connection is closed anyway
+        log.info("stopped draining a refused body of %s bytes: %s", length if length is not None else "chunked", exc)
+
+
+def _refuse_too_large(message: str) -> Response:
+    """413 for a body over the limit, after draining what the client sends (:func:`_drain_body`)."""
+    _drain_body()
+    return _error(413, message)
 
 
 def _has_client_certificate(sock: Any) -> bool:
@@ -148,7 +180,7 @@ def _review(mode: Mode) -> Response:
     body = _read_body(runtime.max_body_bytes)
     if body is None:
         size = f"of {request.content_length} bytes " if request.content_length is not None else ""
-        return _error(413, f"body {size}is over the limit of {runtime.max_body_bytes} bytes")
+        return _refuse_too_large(f"body {size}is over the limit of {runtime.max_body_bytes} bytes")
     try:
         review = parse_review(body)
     except ReviewError as exc:
@@ -201,7 +233,7 @@ def _noop() -> Any:
         return _error(415, "Content-Type must be application/json")
     body = _read_body(runtime.max_body_bytes)
     if body is None:
-        return _error(413, f"body is over the limit of {runtime.max_body_bytes} bytes")
+        return _refuse_too_large(f"body is over the limit of {runtime.max_body_bytes} bytes")
     try:
         review = parse_review(body)
     except ReviewError as exc:
