@@ -135,12 +135,19 @@ longer than this is not drained (answered at once and closed). Reads stop at the
 (:mod:`webhook.serving`), so a stalled client holds the thread no longer than any other request."""
 
 
+DRAIN_IDLE_SECONDS = 1.0
+"""A client that sends nothing for this long while its refused body is drained gets the 413 at once."""
+
+
 def _drain_body() -> None:
     """Read and discard the rest of the request body, at most ``MAX_DRAIN_BYTES`` in all (see there)."""
     length = request.content_length
     if length is not None and length > MAX_DRAIN_BYTES:
         return
     stream = request.environ["wsgi.input"]
+    sock = request.environ.get("gunicorn.socket")
+    if hasattr(sock, "settimeout"):
+        sock.settimeout(DRAIN_IDLE_SECONDS)  # within the request deadline (webhook.serving.DeadlineSSLSocket)
     left = MAX_DRAIN_BYTES
     try:
         while left > 0:

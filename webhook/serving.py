@@ -19,7 +19,7 @@ thread is free again. Writes get the same timeout.
 
 Closing a keep-alive connection: gunicorn drops the ``Connection`` header an application sets, so
 :func:`honour_connection_close` turns the app's ``Connection: close`` into gunicorn's own close (used for
-``--connection-max-age`` and for 413 answers, whose unread body is then not drained).
+``--connection-max-age`` and for 413 answers, whose body the app has drained up to a bound).
 """
 
 from __future__ import annotations
