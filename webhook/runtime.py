@@ -25,6 +25,7 @@ def run(settings: Settings) -> int:
     from webhook.policy_metrics import PolicyCollector  # noqa: PLC0415
     from webhook.policy_store import PolicyStore  # noqa: PLC0415
     from webhook.serving import GuardApplication, gunicorn_options, new_audit_lock, start_metrics_server  # noqa: PLC0415
+    from webhook.shared_budget import prepare_budget_dir  # noqa: PLC0415
     from webhook.state import StateKeys  # noqa: PLC0415
 
     policy_metrics = PolicyCollector()
@@ -65,6 +66,7 @@ def run(settings: Settings) -> int:
     for problem in tls.certificate_problems(cert_file):
         log.error("serving certificate problem: %s", problem)
     audit_lock = new_audit_lock()
+    budget_dir = prepare_budget_dir()  # before the fork: the workers share the cluster increase budget
     log.info(
         "csinode-guard serving https://%s:%d (policy %s, hash %s; certificates in %s; audit log %s)",
         settings.host, settings.port, initial.policy.source, initial.policy.hash, settings.cert_dir,
@@ -80,7 +82,7 @@ def run(settings: Settings) -> int:
         return ssl_source.context()
 
     def app_factory() -> Any:
-        return build_worker_app(settings, keys, audit_lock, cert_file)
+        return build_worker_app(settings, keys, audit_lock, cert_file, budget_dir)
 
     options = gunicorn_options(settings, cert_file, key_file, ssl_hook, when_ready)
     GuardApplication(settings, app_factory, options).run()
@@ -108,7 +110,7 @@ def _check_port_free(port: int) -> None:
             raise OSError(f"metrics port {port} is not free: {exc.strerror or exc}") from None
 
 
-def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: Any) -> Any:
+def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: Any, budget_dir: Any = None) -> Any:
     """Build one worker's Flask app: policy store (hot reload), cluster view, audit writer, metrics."""
     setup_logging(settings.log_level)
     from webhook import metrics, tls  # noqa: PLC0415
@@ -151,6 +153,7 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
         cert_file=cert_file,
         observe_count=observe_count,
         require_client_cert=settings.client_ca is not None,
+        budget_dir=budget_dir,
     )
     return create_app(runtime)
 

@@ -37,6 +37,7 @@ from webhook.review import (
     parse_review,
     peek_uid,
 )
+from webhook.shared_budget import SharedIncreaseBudget
 from webhook.state import StateKeys
 
 log = logging.getLogger("csinode_guard.server")
@@ -71,15 +72,25 @@ class Runtime:
     observe_count: Callable[[str, int | None, str], object] | None = None
     """Called with (driver, allocatable count, node) for every admitted count (headroom metric)."""
     cert_file: Path | None = None
+    budget_dir: Path | None = None
+    """Where the replica's workers share the cluster increase budget (``webhook.shared_budget``); None keeps it
+    in this process."""
     _budget: tuple[str, IncreaseBudget | None] = ("", None)
     _connections: weakref.WeakKeyDictionary[Any, list[float]] = field(default_factory=weakref.WeakKeyDictionary)
 
     def budget_for(self, policy: Policy) -> IncreaseBudget | None:
-        """The cluster-wide increase budget for ``policy`` (kept across requests, rebuilt on a new policy)."""
+        """The cluster-wide increase budget for ``policy`` (kept across requests, rebuilt on a new policy; shared by
+        the replica's workers through ``budget_dir``, one file per policy hash)."""
         key, bucket = self._budget
         if key != policy.hash:
             cfg = policy.cluster_budget
-            bucket = IncreaseBudget(cfg.increases_per_second, cfg.burst) if cfg else None
+            if cfg is None:
+                bucket = None
+            elif self.budget_dir is not None:
+                path = self.budget_dir / f"budget-{policy.hash}.bin"
+                bucket = SharedIncreaseBudget(cfg.increases_per_second, cfg.burst, path)
+            else:
+                bucket = IncreaseBudget(cfg.increases_per_second, cfg.burst)
             self._budget = (policy.hash, bucket)
         return bucket
 
@@ -146,7 +157,7 @@ def _drain_body() -> None:
         return
     stream = request.environ["wsgi.input"]
     sock = request.environ.get("gunicorn.socket")
-    if hasattr(sock, "settimeout"):
+    if sock is not None and hasattr(sock, "settimeout"):
         sock.settimeout(DRAIN_IDLE_SECONDS)  # within the request deadline (webhook.serving.DeadlineSSLSocket)
     left = MAX_DRAIN_BYTES
     try:
