@@ -20,35 +20,28 @@ from pathlib import Path
 import pytest
 from deploy_helpers import DEPLOY, REPO, kustomize
 
+from tests.k8s.controlplane import REQUIRE_ENV, ControlPlane, ControlPlaneUnavailable, discover
+
 RUNBOOK = REPO / "docs" / "operations.md"
 WEBHOOK_LABEL = "app.kubernetes.io/component=admission-webhooks"
 
 
-def _cluster_script() -> Path | None:
-    for candidate in (os.environ.get("CSINODE_GUARD_K8S_DIR"), REPO.parent / "shared" / "k8s", "/work/shared/k8s"):
-        if candidate and (Path(candidate) / "cluster.sh").is_file():
-            return Path(candidate) / "cluster.sh"
-    return None
-
-
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[dict[str, str]]:
-    """A real kube-apiserver (no kubelet, no controller manager); its DIR/env as a dict. Stopped at the end."""
-    script = _cluster_script()
-    if script is None:
-        if os.environ.get("CSINODE_GUARD_REQUIRE_TOOLS") == "1":
-            pytest.fail("../shared/k8s/cluster.sh not found (set CSINODE_GUARD_K8S_DIR)")
-        pytest.skip("../shared/k8s/cluster.sh not found (set CSINODE_GUARD_K8S_DIR)")
-    directory = tmp_path / "k8s"
-    env = {**os.environ, "K8S_SCHEDULER": "0"}
-    started = subprocess.run(["bash", str(script), "start", str(directory)], capture_output=True, text=True,
-                             env=env, timeout=300, check=False)
+    """A cluster of its own (the install creates webhook configurations that nothing answers): kube-apiserver
+    without kubelet or controller manager, found as tests/k8s finds it; its DIR/env as a dict."""
     try:
-        assert started.returncode == 0, started.stderr[-3000:]
-        values = dict(line.split("=", 1) for line in (directory / "env").read_text().splitlines() if "=" in line)
-        yield values
+        cluster_sh, start_env = discover()
+    except ControlPlaneUnavailable as exc:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"no control plane: {exc} ({REQUIRE_ENV}=1)")
+        pytest.skip(f"no control plane: {exc}")
+    plane = ControlPlane(tmp_path / "k8s", cluster_sh, {**start_env, "K8S_SCHEDULER": "0"})
+    plane.start()
+    try:
+        yield plane.env
     finally:
-        subprocess.run(["bash", str(script), "stop", str(directory)], capture_output=True, timeout=120, check=False)
+        plane.stop()
 
 
 def _install_commands(heading: str) -> list[str]:
