@@ -115,3 +115,17 @@ def test_the_documented_install_creates_the_webhooks_only_after_the_state_key_an
     assert deployment["kind"] == "Deployment"
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
         assert _kubectl_json(kubectl, env, "get", kind, "csinode-guard")["kind"]
+
+
+def test_a_replica_cannot_run_without_the_state_key_secret(kubectl: str, deploy_copy: Path) -> None:
+    """The pod waits in ContainerCreating until the Secret exists (a required Secret volume), and the server it
+    runs is given that file (without it, ``serve`` exits 2: tests/test_state_key_operations.py)."""
+    objects = kustomize(kubectl, deploy_copy)
+    [deployment] = [o for o in objects if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "csinode-guard-state-key"]
+    assert volume["secret"].get("optional", False) is False
+    [container] = pod["containers"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    args = container["args"]
+    assert args[args.index("--state-key-file") + 1] == f"{mount['mountPath']}/key"
