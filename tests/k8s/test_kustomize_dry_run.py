@@ -1,4 +1,5 @@
-"""Every object of every kustomization in deploy/ is accepted by the real apiserver (``--dry-run=server``).
+"""Every object of every kustomization in deploy/ (the root one included) is accepted by the real apiserver
+(``--dry-run=server``).
 
 This runs the apiserver's own validation and defaulting, and compiles the webhooks' CEL ``matchConditions`` in
 its own CEL environment. Kinds from CRDs this control plane does not have (cert-manager's ``Certificate`` and
@@ -21,7 +22,7 @@ import yaml
 
 from tests.k8s.controlplane import REPO, ControlPlane, kubectl_binary
 
-KUSTOMIZATIONS = ("base", "overlays/default", "overlays/cert-manager", "overlays/monitoring")
+KUSTOMIZATIONS = (".", "base", "overlays/default", "overlays/cert-manager", "overlays/monitoring")
 CRD_KINDS = {
     "cert-manager.io/v1": {"Certificate", "Issuer"},
     "monitoring.coreos.com/v1": {"ServiceMonitor", "PrometheusRule"},
