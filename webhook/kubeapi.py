@@ -1,4 +1,5 @@
-"""The Kubernetes API calls of the operator commands (``register``, ``unregister``, ``restore``).
+"""The Kubernetes API calls of the operator commands (``register``, ``unregister``, ``restore``, ``preflight``,
+``status``).
 
 A request is a plain value (:class:`ApiRequest`: method, path, query, JSON body) built by pure functions; a
 :class:`KubeClient` only sends it, through a ``kubernetes.client.ApiClient``, which supplies what the cluster
@@ -36,26 +37,30 @@ DEFAULT_TIMEOUT: Final = (5.0, 30.0)
 
 @dataclass(frozen=True)
 class ApiResource:
-    """One cluster-scoped API resource: ``group`` ("" for core), ``version``, ``plural`` and its ``kind``."""
+    """One API resource: ``group`` ("" for core), ``version``, ``plural``, its ``kind``, and ``namespaced``."""
 
     group: str
     version: str
     plural: str
     kind: str
+    namespaced: bool = False
 
     @property
     def api_version(self) -> str:
         """``v1`` or ``group/version``."""
         return f"{self.group}/{self.version}" if self.group else self.version
 
-    def collection_path(self) -> str:
-        """``/apis/<group>/<version>/<plural>`` (``/api/v1/<plural>`` for the core group)."""
+    def collection_path(self, namespace: str | None = None) -> str:
+        """``/apis/<group>/<version>/<plural>`` (``/api/v1/<plural>`` for the core group); with ``namespace``
+        (namespaced resources only) ``.../namespaces/<namespace>/<plural>``; without it, all namespaces."""
         prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if namespace is not None and self.namespaced:
+            return f"{prefix}/namespaces/{namespace}/{self.plural}"
         return f"{prefix}/{self.plural}"
 
-    def object_path(self, name: str) -> str:
-        """The path of the object ``name``."""
-        return f"{self.collection_path()}/{name}"
+    def object_path(self, name: str, namespace: str | None = None) -> str:
+        """The path of the object ``name`` (in ``namespace`` for a namespaced resource)."""
+        return f"{self.collection_path(namespace)}/{name}"
 
     def describe(self, name: str) -> str:
         """``<plural>.<group>/<name>``, the way kubectl names an object in its output."""
@@ -69,6 +74,17 @@ MUTATING_WEBHOOK_CONFIGURATIONS: Final = ApiResource(
 VALIDATING_WEBHOOK_CONFIGURATIONS: Final = ApiResource(
     "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "ValidatingWebhookConfiguration"
 )
+NODES: Final = ApiResource("", "v1", "nodes", "Node")
+PODS: Final = ApiResource("", "v1", "pods", "Pod", namespaced=True)
+SECRETS: Final = ApiResource("", "v1", "secrets", "Secret", namespaced=True)
+CSIDRIVERS: Final = ApiResource("storage.k8s.io", "v1", "csidrivers", "CSIDriver")
+VOLUMEATTACHMENTS: Final = ApiResource("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment")
+DEPLOYMENTS: Final = ApiResource("apps", "v1", "deployments", "Deployment", namespaced=True)
+VALIDATING_ADMISSION_POLICIES: Final = ApiResource(
+    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy"
+)
+LIST_PAGE_SIZE: Final = 500
+"""Objects per LIST page (``limit``); the apiserver hands out a ``continue`` token for the rest."""
 RESOURCES_BY_KIND: Final[Mapping[str, ApiResource]] = {
     r.kind: r for r in (CSINODES, MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS)
 }
@@ -93,9 +109,29 @@ def _write_query(dry_run: bool, field_manager: str | None) -> tuple[tuple[str, s
     return tuple(query)
 
 
-def get_request(resource: ApiResource, name: str) -> ApiRequest:
+def get_request(resource: ApiResource, name: str, namespace: str | None = None) -> ApiRequest:
     """GET one object."""
-    return ApiRequest("GET", resource.object_path(name))
+    return ApiRequest("GET", resource.object_path(name, namespace))
+
+
+def list_request(
+    resource: ApiResource,
+    *,
+    namespace: str | None = None,
+    label_selector: str | None = None,
+    field_selector: str | None = None,
+    limit: int = LIST_PAGE_SIZE,
+    continue_token: str | None = None,
+) -> ApiRequest:
+    """One page of a LIST (``limit`` objects; ``continue_token`` from the previous page's ``metadata.continue``)."""
+    query: list[tuple[str, str]] = [("limit", str(limit))]
+    if label_selector:
+        query.append(("labelSelector", label_selector))
+    if field_selector:
+        query.append(("fieldSelector", field_selector))
+    if continue_token:
+        query.append(("continue", continue_token))
+    return ApiRequest("GET", resource.collection_path(namespace), tuple(query))
 
 
 def create_request(
@@ -298,9 +334,34 @@ class KubeClient:
             raise KubeApiError(int(response.status), "", "not a JSON object")
         return decoded
 
-    def get(self, resource: ApiResource, name: str) -> JSON:
+    def get(self, resource: ApiResource, name: str, namespace: str | None = None) -> JSON:
         """The object ``name``; :class:`KubeApiError` with ``not_found`` when absent."""
-        return self.send(get_request(resource, name))
+        return self.send(get_request(resource, name, namespace))
+
+    def get_path(self, path: str) -> JSON:
+        """GET a non-resource path such as ``/version``; its JSON answer."""
+        return self.send(ApiRequest("GET", path))
+
+    def list_all(
+        self,
+        resource: ApiResource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int = LIST_PAGE_SIZE,
+    ) -> list[JSON]:
+        """Every object of ``resource`` (in ``namespace``, or all), read in pages of ``limit``: one LIST, never a
+        call per object. Raises :class:`KubeApiError` (a ``410 Gone`` when the continue token expired mid-list)."""
+        items: list[JSON] = []
+        token: str | None = None
+        while True:
+            page = self.send(list_request(resource, namespace=namespace, label_selector=label_selector,
+                                          field_selector=field_selector, limit=limit, continue_token=token))
+            items.extend(i for i in page.get("items") or [] if isinstance(i, dict))
+            token = str((page.get("metadata") or {}).get("continue") or "") or None
+            if token is None:
+                return items
 
     def create(
         self, resource: ApiResource, obj: Mapping[str, Any], *, dry_run: bool = False, field_manager: str | None = None

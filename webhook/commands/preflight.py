@@ -1,0 +1,5 @@
+"""x"""
+import click
+@click.command("preflight")
+def preflight() -> None:
+    """x"""
