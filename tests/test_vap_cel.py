@@ -272,7 +272,8 @@ def test_rules_the_policy_does_not_enforce_are_left_out(engine: Evaluate) -> Non
 
 def test_the_policys_writers_may_change_counts(engine: Evaluate) -> None:
     doc = yaml.safe_load((REPO / "policies" / "default.yaml").read_text("utf-8"))
-    doc["spec"]["writers"] = {"users": ["alice"], "groups": ["storage-admins"], "serviceAccounts": ["kube-system/fixer"]}
+    doc["spec"]["writers"] = {"users": ["alice"], "groups": ["storage-admins"],
+                              "serviceAccounts": ["kube-system/fixer"]}
     with_writers = build_validating_admission_policy(parse_policy(doc, "writers.yaml", REPO / "policies"))
     old, new = csinode(driver(EBS, 25)), csinode(driver(EBS, 20))
     for user in (("alice", []), ("bob", ["storage-admins"]), ("system:serviceaccount:kube-system:fixer", [])):

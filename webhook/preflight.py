@@ -31,7 +31,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from webhook.policy import Policy
-from webhook.registration import build_webhook_configurations
+from webhook.registration import CONFIGURATION_NAME, build_webhook_configurations
 from webhook.versions import VersionError, compare_versions, parse_version
 
 ALPHA_MINOR = 33
@@ -129,6 +129,7 @@ class ClusterFacts:
     server_version_error: str = ""
     deployment_note: str = ""
     errors: Mapping[str, str] = field(default_factory=dict)
+    configuration_name: str = CONFIGURATION_NAME
 
 
 def minor_of(version: str) -> tuple[int, int] | None:
@@ -374,7 +375,7 @@ def check_guard(facts: ClusterFacts) -> list[Check]:
     """The guard's webhook configurations against what ``register`` builds, their CA bundles against the
     serving certificate, and its Deployment's ready replicas."""
     checks: list[Check] = []
-    for expected in build_webhook_configurations():
+    for expected in build_webhook_configurations(name=facts.configuration_name):
         kind = str(expected["kind"])
         name = str(expected["metadata"]["name"])
         found = facts.webhook_configurations.get(kind)

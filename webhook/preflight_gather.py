@@ -25,7 +25,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from webhook import kubeapi
-from webhook.policy import DRIVER_VERSIONS_ANNOTATION, Policy
+from webhook.policy import Policy
 from webhook.preflight import ClusterFacts, ProbeOutcome, ProbeResult, ServingCertificate
 from webhook.providers.records import image_tag, lowest_version, parse_pod
 from webhook.providers.view import label_selector
@@ -197,8 +197,8 @@ def driver_versions(
                     found[lowest] += 1
         elif source.type == "annotation":
             sources[driver] = f"annotation {source.annotation}"
-            for obj in csinodes:
-                raw = ((obj.get("metadata") or {}).get("annotations") or {}).get(source.annotation)
+            for csinode in csinodes:
+                raw = ((csinode.get("metadata") or {}).get("annotations") or {}).get(source.annotation)
                 try:
                     decoded = json.loads(raw) if raw else {}
                 except ValueError:
@@ -234,7 +234,12 @@ def _get_or_none(client: kubeapi.KubeClient, resource: kubeapi.ApiResource, name
 
 
 def gather_facts(
-    client: kubeapi.KubeClient, policy: Policy, *, now: datetime, scheduler_version: str | None = None
+    client: kubeapi.KubeClient,
+    policy: Policy,
+    *,
+    now: datetime,
+    scheduler_version: str | None = None,
+    configuration_name: str = CONFIGURATION_NAME,
 ) -> ClusterFacts:
     """Read everything :func:`webhook.preflight.run_checks` judges. Raises :class:`kubeapi.ApiUnreachableError`
     when the apiserver does not answer at all; a refused read becomes an entry of ``errors``."""
@@ -268,7 +273,7 @@ def gather_facts(
     configurations: dict[str, dict[str, Any] | None] = {}
     for resource in (kubeapi.MUTATING_WEBHOOK_CONFIGURATIONS, kubeapi.VALIDATING_WEBHOOK_CONFIGURATIONS):
         configurations[resource.kind] = read(
-            f"guard {resource.kind}", lambda r=resource: _get_or_none(client, r, CONFIGURATION_NAME), None)
+            f"guard {resource.kind}", lambda r=resource: _get_or_none(client, r, configuration_name), None)
     certificates: dict[str, ServingCertificate] = {}
     cache: dict[tuple[str, int], bytes | str] = {}
     service: Mapping[str, Any] | None = None
@@ -302,4 +307,5 @@ def gather_facts(
         deployment_note=note,
         now=now,
         errors=errors,
+        configuration_name=configuration_name,
     )

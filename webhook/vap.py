@@ -308,7 +308,8 @@ def build_validating_admission_policy(policy: Policy, *, name: str = VAP_NAME) -
                 {
                     "name": "increases",
                     "expression": "variables.changed.filter(d, variables.oldDrivers.exists(o, o.name == d.name && "
-                    f"{BOUNDED.format(d='o')} && {BOUNDED.format(d='d')} && d.allocatable.count > o.allocatable.count))",
+                    f"{BOUNDED.format(d='o')} && {BOUNDED.format(d='d')} && "
+                    "d.allocatable.count > o.allocatable.count))",
                 },
                 {"name": "ceilings", "expression": _int_map(floors, "ceiling")},
                 {"name": "maxStepUp", "expression": _int_map(floors, "max_step_up")},

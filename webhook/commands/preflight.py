@@ -13,6 +13,7 @@ from webhook import kubeapi
 from webhook.commands.register import cluster_options
 from webhook.policy import PolicyError, load_policy
 from webhook.preflight import exit_code, format_checks, run_checks
+from webhook.registration import CONFIGURATION_NAME
 
 EXIT_CANNOT_RUN = 3
 
@@ -29,11 +30,13 @@ class CannotRunError(click.ClickException):
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               envvar="CSINODE_GUARD_POLICY", show_envvar=True,
               help="The guard's policy, for minVersion and versionSource (default: the bundled default policy).")
+@click.option("--name", "configuration_name", default=CONFIGURATION_NAME, show_default=True,
+              help="metadata.name of the guard's webhook configurations (as given to register --name).")
 @click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @cluster_options
 def preflight(
-    *, scheduler_version: str | None, policy_path: Path | None, output: str, kubeconfig: str | None,
-    context: str | None,
+    *, scheduler_version: str | None, policy_path: Path | None, configuration_name: str, output: str,
+    kubeconfig: str | None, context: str | None,
 ) -> None:
     """Check, per component, that mutable CSINode allocatable counts (KEP-4876) will work, and what to do if not.
 
@@ -65,7 +68,8 @@ def preflight(
         raise CannotRunError(f"cannot load the cluster configuration: {exc}") from None
     try:
         with kubeapi.KubeClient(api_client) as client:
-            facts = gather_facts(client, policy, now=datetime.now(UTC), scheduler_version=scheduler_version)
+            facts = gather_facts(client, policy, now=datetime.now(UTC), scheduler_version=scheduler_version,
+                                 configuration_name=configuration_name)
     except kubeapi.ApiUnreachableError as exc:
         raise CannotRunError(f"no answer from the API server: {exc}") from None
     if facts.server_version is None and facts.errors.get("CSINode"):

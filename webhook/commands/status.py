@@ -22,6 +22,12 @@ from webhook.state import StateKeys
 EXIT_NO_CLUSTER = 3
 
 
+class CannotReadError(click.ClickException):
+    """The cluster could not be read: exit code 3."""
+
+    exit_code = EXIT_NO_CLUSTER
+
+
 @click.command("status")
 @click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable).")
 @click.option("--driver", "drivers", multiple=True, metavar="NAME", help="Only this CSI driver (repeatable).")
@@ -77,9 +83,7 @@ def status(
             attachments = client.list_all(kubeapi.VOLUMEATTACHMENTS)
             pending = client.list_all(kubeapi.PODS, field_selector="status.phase=Pending")
     except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
-        error = api_failure("cannot read the cluster", exc)
-        error.exit_code = EXIT_NO_CLUSTER
-        raise error from None
+        raise CannotReadError(api_failure("cannot read the cluster", exc).message) from None
     wanted: set[str] | None = None
     if selector:
         wanted = {str((n.get("metadata") or {}).get("name") or "") for n in node_objects}
