@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
 import urllib3
 
 from webhook import __version__
@@ -83,6 +84,9 @@ DEPLOYMENTS: Final = ApiResource("apps", "v1", "deployments", "Deployment", name
 VALIDATING_ADMISSION_POLICIES: Final = ApiResource(
     "admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy"
 )
+METADATA_ONLY: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+"""``Accept`` of a LIST that needs only ``metadata`` (names, labels): the apiserver answers with a
+PartialObjectMetadataList, without ``spec`` and ``status`` (a Node's images and conditions, several KB each)."""
 LIST_PAGE_SIZE: Final = 500
 """Objects per LIST page (``limit``); the apiserver hands out a ``continue`` token for the rest."""
 RESOURCES_BY_KIND: Final[Mapping[str, ApiResource]] = {
@@ -98,6 +102,7 @@ class ApiRequest:
     path: str
     query: tuple[tuple[str, str], ...] = ()
     body: Mapping[str, Any] | None = None
+    accept: str = "application/json"
 
 
 def _write_query(dry_run: bool, field_manager: str | None) -> tuple[tuple[str, str], ...]:
@@ -122,8 +127,10 @@ def list_request(
     field_selector: str | None = None,
     limit: int = LIST_PAGE_SIZE,
     continue_token: str | None = None,
+    metadata_only: bool = False,
 ) -> ApiRequest:
-    """One page of a LIST (``limit`` objects; ``continue_token`` from the previous page's ``metadata.continue``)."""
+    """One page of a LIST (``limit`` objects; ``continue_token`` from the previous page's ``metadata.continue``);
+    ``metadata_only`` asks for each object's ``metadata`` alone (:data:`METADATA_ONLY`)."""
     query: list[tuple[str, str]] = [("limit", str(limit))]
     if label_selector:
         query.append(("labelSelector", label_selector))
@@ -131,7 +138,8 @@ def list_request(
         query.append(("fieldSelector", field_selector))
     if continue_token:
         query.append(("continue", continue_token))
-    return ApiRequest("GET", resource.collection_path(namespace), tuple(query))
+    return ApiRequest("GET", resource.collection_path(namespace), tuple(query),
+                      accept=METADATA_ONLY if metadata_only else "application/json")
 
 
 def create_request(
@@ -298,7 +306,7 @@ class KubeClient:
     def send(self, request: ApiRequest) -> JSON:
         """Send ``request``; the decoded JSON answer. Raises :class:`KubeApiError` for an error status and
         :class:`ApiUnreachableError` when no answer came."""
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": request.accept}
         if request.body is not None:
             headers["Content-Type"] = "application/json"
         method, url, header_params, body, post_params = self._api.param_serialize(
@@ -327,7 +335,7 @@ class KubeClient:
         if not 200 <= response.status <= 299:
             raise parse_status(int(response.status), raw)
         try:
-            decoded = json.loads(raw) if raw else {}
+            decoded = orjson.loads(raw) if raw else {}
         except ValueError as exc:
             raise KubeApiError(int(response.status), "", f"not a JSON answer: {exc}") from None
         if not isinstance(decoded, dict):
@@ -350,14 +358,17 @@ class KubeClient:
         label_selector: str | None = None,
         field_selector: str | None = None,
         limit: int = LIST_PAGE_SIZE,
+        metadata_only: bool = False,
     ) -> list[JSON]:
         """Every object of ``resource`` (in ``namespace``, or all), read in pages of ``limit``: one LIST, never a
-        call per object. Raises :class:`KubeApiError` (a ``410 Gone`` when the continue token expired mid-list)."""
+        call per object; ``metadata_only``: only each object's ``metadata``. Raises :class:`KubeApiError` (a
+        ``410 Gone`` when the continue token expired mid-list)."""
         items: list[JSON] = []
         token: str | None = None
         while True:
             page = self.send(list_request(resource, namespace=namespace, label_selector=label_selector,
-                                          field_selector=field_selector, limit=limit, continue_token=token))
+                                          field_selector=field_selector, limit=limit, continue_token=token,
+                                          metadata_only=metadata_only))
             items.extend(i for i in page.get("items") or [] if isinstance(i, dict))
             token = str((page.get("metadata") or {}).get("continue") or "") or None
             if token is None:
