@@ -177,15 +177,15 @@ def check_apiserver(facts: ClusterFacts) -> list[Check]:
     if probe.outcome is ProbeOutcome.ACCEPTED:
         checks.append(Check("kube-apiserver", f"dry-run count update{where}: accepted (dryRun=All)", Status.OK))
     elif probe.outcome is ProbeOutcome.REFUSED_AFTER_VALIDATION:
-        checks.append(Check("kube-apiserver", f"dry-run count update{where}: passed validation, then refused by "
-                            f"a validating admission check: {probe.detail}", Status.OK))
+        checks.append(Check("kube-apiserver", f"dry-run count update{where}: passed validation (then refused "
+                            f"by validating admission: {probe.detail})", Status.OK))
     elif probe.outcome is ProbeOutcome.IMMUTABLE:
         checks.append(Check("kube-apiserver", f"dry-run count update{where}: refused, counts are immutable: "
                             f"{probe.detail}", Status.FAIL,
                             f"turn {GATE} on for kube-apiserver (and kube-scheduler and the kubelets)"))
     elif probe.outcome is ProbeOutcome.REFUSED_BY_ADMISSION:
-        checks.append(Check("kube-apiserver", f"dry-run count update{where}: refused by a mutating admission "
-                            f"webhook before validation, inconclusive: {probe.detail}", Status.WARN,
+        checks.append(Check("kube-apiserver", f"dry-run count update{where}: inconclusive, a mutating webhook "
+                            f"refused it before validation: {probe.detail}", Status.WARN,
                             "run preflight as a principal the guard's policy lists as a writer or exemption"))
     elif probe.outcome is ProbeOutcome.NO_CANDIDATE:
         checks.append(Check("kube-apiserver", "dry-run count update: no CSINode with a driver to probe",
@@ -426,7 +426,7 @@ def _check_webhook(
     else:
         problem = verify_serving_certificate(ca_bundle, served.der, served.host, facts.now)
         if problem is None:
-            checks.append(Check(component, f"{name}: caBundle verifies the serving certificate ({served.source})",
+            checks.append(Check(component, f"{name}: caBundle verifies the serving cert ({served.source})",
                                 Status.OK))
         else:
             checks.append(Check(component, f"{name}: caBundle does not verify the serving certificate "
@@ -474,10 +474,19 @@ def exit_code(checks: Sequence[Check]) -> int:
     return max((SEVERITY[c.status] for c in checks), default=0)
 
 
+TABLE_CHECKED_WIDTH = 110
+"""CHECKED is cut to this many characters in the table (``-o json`` carries the whole text)."""
+
+
+def _cut(text: str, width: int = TABLE_CHECKED_WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def format_checks(checks: Sequence[Check]) -> str:
-    """kubectl-like columns COMPONENT, STATUS, CHECKED, ACTION, and a closing count line."""
+    """kubectl-like columns COMPONENT, STATUS, CHECKED (cut to :data:`TABLE_CHECKED_WIDTH`), ACTION, and a
+    closing count line."""
     lines = [["COMPONENT", "STATUS", "CHECKED", "ACTION"]]
-    lines += [[c.component, str(c.status), c.checked, c.action or "-"] for c in checks]
+    lines += [[c.component, str(c.status), _cut(c.checked), c.action or "-"] for c in checks]
     widths = [max(len(line[i]) for line in lines) for i in range(3)]
     out = ["   ".join([*(line[i].ljust(widths[i]) for i in range(3)), line[3]]).rstrip() for line in lines]
     totals = Counter(c.status for c in checks)

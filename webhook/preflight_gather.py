@@ -79,7 +79,7 @@ def classify_probe_error(exc: kubeapi.KubeApiError) -> ProbeOutcome:
     return ProbeOutcome.ERROR
 
 
-def short_message(exc: kubeapi.KubeApiError, limit: int = 160) -> str:
+def short_message(exc: kubeapi.KubeApiError, limit: int = 100) -> str:
     """The apiserver's message without the ``<resource> "<name>" is forbidden: `` preamble, cut to ``limit``."""
     message = exc.message
     for marker in ("denied request: ", "denied the request: ", " is forbidden: ", " is invalid: "):
