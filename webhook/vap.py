@@ -68,6 +68,9 @@ NOT_EXPRESSED: Final = (
     "patch, and must never refuse one",
     "enforcementScope (canary on Node labels): CEL cannot read the Node; a scoped policy's binding only warns "
     "and audits",
+    "unbounded -> bounded (even to 2147483647) and decreases: the safe direction; the guard clamps or warns, the "
+    "floor lets them pass",
+    "exemptions (break glass): the floor skips the policy's exempt principals, as the guard never blocks them",
 )
 """The policy's parts the floor leaves to the guard, and why (printed as a comment above the objects)."""
 
