@@ -150,7 +150,7 @@ def driver_floors(policy: Policy) -> tuple[list[DriverFloor], DriverFloor]:
 
 
 def _drivers(obj: str) -> str:
-    # spec.drivers is null (not []) on a CSINode without drivers: has() is true for a null field, so test the type.
+    # spec.drivers is null (not []) on a CSINode without drivers: test the type too, never call exists() on null.
     return (
         f"has({obj}.spec) && has({obj}.spec.drivers) && type({obj}.spec.drivers) == list "
         f"? {obj}.spec.drivers : []"
@@ -181,9 +181,9 @@ def _int_map(floors: Sequence[DriverFloor], attribute: str) -> str:
     return "{" + ", ".join(items) + "}"
 
 
-def _int_check(attribute: str, default: DriverFloor, variable: str, holds: str) -> str | None:
+def _int_check(attribute: str, default: DriverFloor, variable: str, holds: str) -> str:
     """``holds`` (with ``LIMIT`` for the driver's value) for ``d``: named drivers from ``variables.<variable>``
-    (-1 = off), the others with the default's value; None when the default is off and the map is empty."""
+    (-1 = off), the others with the default's value (``true`` when the default is off)."""
     fallback = getattr(default, attribute)
     limit = f"variables.{variable}[d.name]"
     named = f"({limit} < 0 || {holds.replace('LIMIT', limit)})"

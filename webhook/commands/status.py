@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -99,16 +97,14 @@ def status(
 
 def read_cluster(client: kubeapi.KubeClient, selector: str | None) -> tuple[list[kubeapi.JSON], ...]:
     """Nodes (metadata only: the labels are all the ceilings need), CSINodes, VolumeAttachments and Pending Pods:
-    one paged LIST per kind, the four at once (the apiserver serializes them in parallel)."""
-    calls: list[Callable[[], list[kubeapi.JSON]]] = [
-        lambda: client.list_all(kubeapi.NODES, label_selector=selector, metadata_only=True),
-        lambda: client.list_all(kubeapi.CSINODES),
-        lambda: client.list_all(kubeapi.VOLUMEATTACHMENTS),
-        lambda: client.list_all(kubeapi.PODS, field_selector="status.phase=Pending"),
-    ]
-    with ThreadPoolExecutor(len(calls)) as pool:
-        futures = [pool.submit(call) for call in calls]
-        return tuple(future.result() for future in futures)
+    one paged LIST per kind, one after the other (on a busy 2-core control plane, four at once took longer than
+    the four in turn: benchmarks/bench_status.py)."""
+    return (
+        client.list_all(kubeapi.NODES, label_selector=selector, metadata_only=True),
+        client.list_all(kubeapi.CSINODES),
+        client.list_all(kubeapi.VOLUMEATTACHMENTS),
+        client.list_all(kubeapi.PODS, field_selector="status.phase=Pending"),
+    )
 
 
 def _keys(path: Path) -> StateKeys:
