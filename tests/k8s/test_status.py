@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.k8s.controlplane import ControlPlane, Guard, unique
+from tests.k8s.controlplane import ControlPlane, Guard, unique, wait_until
 
 EBS = "ebs.csi.aws.com"
 
@@ -92,3 +92,49 @@ def test_status_shows_counts_state_ceilings_and_usage(
     assert lines[2].split()[:6] == [busy, EBS, "20", "128", "3", "17"]
     wide = status(control_plane, "-o", "wide", "--node", busy)
     assert "ResourceExhausted=1,transient=1" in wide.stdout and "CEILING-REASON" in wide.stdout
+
+
+def _pending_on_limits(cp: ControlPlane) -> int:
+    summary: dict[str, int] = json.loads(status(cp, "-o", "json", "--driver", "none").stdout)["summary"]
+    return summary["pendingOnVolumeLimits"]
+
+
+def test_pods_the_real_scheduler_leaves_pending_on_volume_limits_are_counted(control_plane: ControlPlane) -> None:
+    node = unique("limits")
+    namespace = unique("limits")
+    control_plane.create_node(node)
+    control_plane.kubelet(node, "install", "--driver", EBS, "--node-id", f"i-{node}", "--max-volumes", "1")
+    control_plane.kubectl("create", "namespace", namespace)
+    before = _pending_on_limits(control_plane)
+    try:
+        for i in range(2):  # two pods with one pre-bound CSI volume each, pinned to a node that can attach one
+            pv, pvc = f"{namespace}-pv-{i}", f"pvc-{i}"
+            objects = [
+                {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+                 "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                          "persistentVolumeReclaimPolicy": "Retain", "storageClassName": "",
+                          "claimRef": {"namespace": namespace, "name": pvc},
+                          "csi": {"driver": EBS, "volumeHandle": f"vol-{namespace}-{i}"}}},
+                {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                 "metadata": {"name": pvc, "namespace": namespace,
+                              "annotations": {"pv.kubernetes.io/bind-completed": "yes"}},
+                 "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "", "volumeName": pv,
+                          "resources": {"requests": {"storage": "1Gi"}}}},
+            ]
+            for obj in objects:
+                control_plane.kubectl("create", "-f", "-", input=json.dumps(obj))
+            control_plane.kubectl("patch", "pv", pv, "--subresource=status", "--type=merge",
+                                  "-p", '{"status":{"phase":"Bound"}}')
+            control_plane.kubectl("patch", "pvc", pvc, "-n", namespace, "--subresource=status", "--type=merge",
+                                  "-p", '{"status":{"phase":"Bound","accessModes":["ReadWriteOnce"],'
+                                        '"capacity":{"storage":"1Gi"}}}')
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"pod-{i}", "namespace": namespace},
+                   "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                            "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}],
+                            "volumes": [{"name": "v", "persistentVolumeClaim": {"claimName": pvc}}]}}
+            control_plane.kubectl("create", "-f", "-", input=json.dumps(pod))
+        wait_until(lambda: _pending_on_limits(control_plane) == before + 1, timeout=60,
+                   what="one pod Unschedulable on volume limits")
+    finally:
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        control_plane.kubectl("delete", "pv", f"{namespace}-pv-0", f"{namespace}-pv-1", "--wait=false", check=False)

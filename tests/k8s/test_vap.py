@@ -2,8 +2,8 @@
 
 With the guard unregistered and stopped, the floor alone refuses a kubelet's 2147483647, a bounded count that
 turns unbounded, a jump above maxStepUp and a count change by another principal, and lets a decrease, a
-registration (even one carrying 2147483647) and a removal through. With the guard up, every write the guard
-admits (clamped or not) is stored: the floor never refuses what the guard would admit.
+registration (even one carrying 2147483647), a removal, DELETE and CREATE through. With the guard up, every
+write the guard admits (clamped or not) is stored: the floor never refuses what the guard would admit.
 """
 
 from __future__ import annotations
@@ -64,6 +64,20 @@ def _refused_by_floor(name: str, stderr: str) -> bool:
     return f"ValidatingAdmissionPolicy '{name}'" in stderr
 
 
+def wait_for_floor(cp: ControlPlane, name: str, node: str) -> None:
+    """Wait until the apiserver's policy informer has the floor: a server-side dry run of the node's own write of
+    2147483647 is refused by it (a dry run stores nothing, so waiting changes no count)."""
+    stored = cp.get_csinode(node)
+    stored["spec"]["drivers"][0]["allocatable"] = {"count": INT32_MAX}
+
+    def refused() -> bool:
+        result = cp.kubectl("replace", "--dry-run=server", "-f", "-", input=json.dumps(stored), check=False,
+                            kubeconfig=cp.node_kubeconfig(node))
+        return _refused_by_floor(name, result.stderr)
+
+    wait_until(refused, timeout=30, what="the floor in effect")
+
+
 def test_the_floor_holds_while_the_guard_is_unregistered_and_stopped(
     control_plane: ControlPlane, guard_factory: Any, floor: tuple[str, Path]
 ) -> None:
@@ -75,11 +89,7 @@ def test_the_floor_holds_while_the_guard_is_unregistered_and_stopped(
     control_plane.create_node(node, INSTANCE_TYPE)
     control_plane.kubelet(node, "install", "--driver", EBS, "--node-id", "i-floor", "--max-volumes", "25")
 
-    # The apiserver picks a new policy up through an informer: wait until it refuses int32 max.
-    def refused() -> bool:
-        return _refused_by_floor(name, _kubelet_update(control_plane, node, 99999999999).stderr)
-
-    wait_until(refused, timeout=30, what="the floor in effect")
+    wait_for_floor(control_plane, name, node)
     result = _kubelet_update(control_plane, node, 99999999999)
     assert result.returncode == 1 and "2147483647 is kubelet's cut-off" in result.stderr
     assert counts(control_plane.get_csinode(node)) == {EBS: 25}
@@ -109,6 +119,13 @@ def test_the_floor_holds_while_the_guard_is_unregistered_and_stopped(
     assert "[writer-identity]" in by_admin.stderr
     assert counts(control_plane.get_csinode(node)) == {EBS: 36}
 
+    # DELETE by anyone and the kubelet's CREATE (with a count) pass.
+    control_plane.kubectl("delete", "csinode", node)
+    recreated = control_plane.kubelet(node, "install", "--driver", EBS, "--node-id", "i-floor",
+                                      "--max-volumes", "99999999999", check=False)
+    assert recreated.returncode == 0, recreated.stderr
+    assert counts(control_plane.get_csinode(node)) == {EBS: INT32_MAX}
+
 
 def test_with_the_guard_up_the_floor_never_refuses_what_the_guard_admits(
     control_plane: ControlPlane, guard_factory: Any, floor: tuple[str, Path]
@@ -117,8 +134,7 @@ def test_with_the_guard_up_the_floor_never_refuses_what_the_guard_admits(
     node = unique("agree")
     control_plane.create_node(node, INSTANCE_TYPE)
     control_plane.kubelet(node, "install", "--driver", EBS, "--node-id", "i-agree", "--max-volumes", "25")
-    wait_until(lambda: _refused_by_floor(name, _kubelet_update(control_plane, node, 0).stderr), timeout=30,
-               what="the floor in effect")
+    wait_for_floor(control_plane, name, node)
     guard: Guard = guard_factory(policy=policy)
 
     # (kubelet reports, count stored afterwards): the guard admits each one, clamping where its rules say so.

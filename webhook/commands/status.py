@@ -5,12 +5,12 @@ The calls live in :mod:`webhook.kubeapi`; the table in :mod:`webhook.capacity` (
 
 from __future__ import annotations
 
-import json
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
+import orjson
 
 from webhook import kubeapi
 from webhook.capacity import build_report, format_table, report_json
@@ -90,7 +90,7 @@ def status(
     report = build_report(csinodes, node_objects, attachments, pending, policy=policy, now=now, keys=keys,
                           errors_within=window, node_names=wanted, driver_names=drivers or None)
     if output == "json":
-        click.echo(json.dumps(report_json(report), indent=2))
+        click.echo(orjson.dumps(report_json(report), option=orjson.OPT_INDENT_2).decode())
     else:
         sys.stdout.write(format_table(report, now, wide=output == "wide"))
 
