@@ -444,15 +444,18 @@ def _check_deployment(facts: ClusterFacts) -> list[Check]:
                       "kubectl apply -k deploy/overlays/default (count changes are refused while no replica serves)")]
     spec = deployment.get("spec") or {}
     status = deployment.get("status") or {}
+    meta = deployment.get("metadata") or {}
+    where = f"-n {meta.get('namespace') or 'csinode-guard'} "
+    name = str(meta.get("name") or "csinode-guard")
     wanted = int(spec.get("replicas", 1) or 0)
     ready = int(status.get("readyReplicas") or 0)
     checked = f"{ready}/{wanted} replicas ready"
     if ready == 0:
         return [Check("guard Deployment", checked, Status.FAIL,
-                      "kubectl -n csinode-guard describe deployment csinode-guard (with failurePolicy Fail, count "
-                      "changes are refused meanwhile)")]
+                      f"kubectl {where}describe deployment {name} (with failurePolicy Fail, count changes are "
+                      "refused meanwhile)")]
     if ready < wanted:
-        return [Check("guard Deployment", checked, Status.WARN, "kubectl -n csinode-guard get pods")]
+        return [Check("guard Deployment", checked, Status.WARN, f"kubectl {where}get pods")]
     return [Check("guard Deployment", checked, Status.OK)]
 
 

@@ -148,3 +148,41 @@ def test_without_cluster_access_it_says_so_with_exit_code_3(control_plane: Contr
                              env={k: v for k, v in {**os.environ, "HOME": str(tmp_path)}.items()
                                   if k not in {"KUBECONFIG", "KUBERNETES_SERVICE_HOST"}})
     assert nothing.returncode == 3 and "no cluster configured" in nothing.stderr, nothing.stderr
+
+
+def test_a_guard_behind_a_service_is_checked_through_its_tls_secret_and_deployment(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    from webhook import tls  # noqa: PLC0415
+
+    guard: Guard = guard_factory(register=False)
+    namespace = unique("guard-ns")
+    name = unique("svc-guard")
+    certs = tmp_path / "certs"  # what `csinode-guard certs generate --dns-name csinode-guard.<ns>.svc` makes
+    tls.ensure_dev_certs(certs, dns_names=[f"csinode-guard.{namespace}.svc"])
+    control_plane.kubectl("create", "namespace", namespace)
+    control_plane.kubectl("create", "secret", "tls", "csinode-guard-tls", "-n", namespace,
+                          f"--cert={certs / 'tls.crt'}", f"--key={certs / 'tls.key'}")
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "csinode-guard", "namespace": namespace},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "g"}},
+                 "template": {"metadata": {"labels": {"app": "g"}},
+                              "spec": {"containers": [{"name": "g", "image": "csinode-guard:0.1.0"}]}}},
+    }
+    control_plane.kubectl("create", "-f", "-", input=json.dumps(deployment))
+    # The Service name does not resolve from here: the handshake fails and the certificate comes from the Secret.
+    # Registered only for the length of one preflight run (no count change reaches an unreachable guard meanwhile).
+    guard.csinode_guard("register", "--cert-dir", str(certs), "--namespace", namespace, "--name", name)
+    try:
+        result = preflight(control_plane, "-o", "json", "--name", name, "--scheduler-version", "v1.36.2")
+    finally:
+        guard.csinode_guard("unregister", "--name", name)
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    checks = rows(result)
+    verified = [c for c in checks if "caBundle verifies the serving cert" in c["checked"]]
+    assert len(verified) == 2 and all(f"Secret {namespace}/csinode-guard-tls" in c["checked"] for c in verified)
+    assert all(c["status"] == "OK" for c in verified)
+    replicas = find(checks, "guard Deployment", "replicas ready")
+    assert replicas["status"] == "FAIL" and replicas["checked"] == "0/2 replicas ready"  # no controller runs here
+    assert f"kubectl -n {namespace} describe deployment csinode-guard" in replicas["action"]
+    assert result.returncode == 2
