@@ -9,6 +9,7 @@ Label values are bounded: endpoints, decisions, rule ids, enforcement actions, d
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 from typing import Any
@@ -18,6 +19,9 @@ from prometheus_client import Counter, Gauge, Histogram
 from webhook.evaluation import AdmissionDecision, Decision
 from webhook.flushlock import flush_lock
 from webhook.policy import EnforcementAction
+from webhook.state import STATE_ANNOTATION, StateProblem
+
+log = logging.getLogger("csinode_guard.state")
 
 REQUESTS = Counter(
     "csinode_guard_requests",
@@ -37,7 +41,8 @@ LATENCY = Histogram(
 )
 STATE_FAILURES = Counter(
     "csinode_guard_state_verification_failures",
-    "State annotations that were present but unusable (bad signature, other object, malformed).",
+    "Reviews whose state annotation was not used, by reason: missing (no state yet: normal for an entry's first "
+    "judged write), bad-signature, other-object, malformed, unsupported-version.",
     ["reason"],
 )
 FREEZES = Counter(
@@ -182,8 +187,18 @@ def count_bad_request(code: int) -> None:
     _child(BAD_REQUESTS, str(code)).inc()
 
 
+def _log_state_problem(endpoint: str, decision: AdmissionDecision) -> None:
+    # One warning per AdmissionReview whose state annotation was present but not used. It names the CSINode and
+    # why (``DecodedState.detail``), never the annotation's value, its signature or a key.
+    log.warning("/%s: state annotation %s of CSINode %s not used (%s: %s); its entries are judged as new",
+                endpoint, STATE_ANNOTATION, decision.node, decision.state_problem, decision.state_detail)
+
+
 def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, seconds: float) -> None:
-    """Record one answered AdmissionReview: request count, latency, rule results, state and freezes."""
+    """Record one answered AdmissionReview: request count, latency, rule results, state and freezes.
+
+    A state annotation that was not used is counted under its reason (``missing`` too); one that was present but
+    unusable (a bad signature, another object's, malformed) is also logged once, at warning."""
     keys: list[tuple[Any, tuple[str, ...]]] = [
         (REQUESTS, (endpoint, decision.decision.value, "true" if dry_run else "false"))
     ]
@@ -199,8 +214,10 @@ def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, 
                 change = finals.get(o.driver)
                 if decision.decision is Decision.DENY or (change is not None and change.final == change.change.old):
                     keys.append((DISAGREEMENT, (o.driver, o.rule)))
-    if decision.state_problem is not None and decision.state_problem.value != "missing":
+    if decision.state_problem is not None:
         keys.append((STATE_FAILURES, (decision.state_problem.value,)))
+        if decision.state_problem is not StateProblem.MISSING:
+            _log_state_problem(endpoint, decision)
     if not dry_run:
         keys += [(FREEZES, (c.change.driver,)) for c in decision.changes if c.frozen]
     if _PENDING:
