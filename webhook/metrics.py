@@ -4,6 +4,7 @@ Under ``serve`` the environment variable ``PROMETHEUS_MULTIPROC_DIR`` is set bef
 so every worker writes its samples to files there and the master serves the merged view on the plain-HTTP
 metrics port (prometheus_client multiprocess mode). Gauges declare how they merge across processes.
 Label values are bounded: endpoints, decisions, rule ids, enforcement actions, drivers — never node names.
+The policy metrics are the master's (:mod:`webhook.policy_metrics`): one series per live policy, once per replica.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import threading
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 from webhook.evaluation import AdmissionDecision, Decision
 from webhook.flushlock import flush_lock
@@ -46,7 +47,7 @@ STATE_FAILURES = Counter(
     ["reason"],
 )
 FREEZES = Counter(
-    "csinode_guard_frozen_entries",
+    "csinode_guard_freezes",
     "Entries whose increases were frozen after a driver version rollback.",
     ["driver"],
 )
@@ -68,24 +69,6 @@ AUDIT_FAILURES = Counter(
     "csinode_guard_audit_write_failures",
     "Audit records that could not be written to the audit log (they went to the error log instead).",
 )
-POLICY_INFO = Gauge(
-    "csinode_guard_policy_info",
-    "The policy in force: 1 for its hash, 0 for earlier ones.",
-    ["hash", "name"],
-    multiprocess_mode="max",
-)
-POLICY_GENERATION = Gauge(
-    "csinode_guard_policy_generation",
-    "Generation of the policy in force (1 at start, +1 per successful reload).",
-    multiprocess_mode="max",
-)
-POLICY_RELOADS = Counter(
-    "csinode_guard_policy_reloads",
-    "Policy reload attempts by result (success|invalid).",
-    ["result"],
-)
-
-
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
 
