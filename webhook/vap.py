@@ -36,7 +36,7 @@ This module is pure: no I/O, no kubernetes import.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -45,11 +45,17 @@ import yaml
 from webhook.csinode import INT32_MAX
 from webhook.justification import JUSTIFICATION_ANNOTATION
 from webhook.policy import Ceiling, DriverPolicy, EnforcementAction, Policy, Principals
-from webhook.registration import LABELS, UPDATE_ONLY_CONDITION_NAME, UPDATE_ONLY_EXPRESSION
+from webhook.registration import UPDATE_ONLY_CONDITION_NAME, UPDATE_ONLY_EXPRESSION
 from webhook.state import STATE_ANNOTATION
 
 VAP_NAME: Final = "csinode-guard-floor"
 """``metadata.name`` of the ValidatingAdmissionPolicy and of its binding."""
+
+LABELS: Final[Mapping[str, str]] = {
+    "app.kubernetes.io/name": "csinode-guard",
+    "app.kubernetes.io/component": "admission-policy",
+}
+"""Labels on both objects: not the webhook configurations' component (the install applies those last)."""
 
 ENFORCING: Final = frozenset({EnforcementAction.DENY, EnforcementAction.CLAMP})
 """Enforcement actions under which the guard never admits a violating count unchanged."""
