@@ -538,7 +538,8 @@ class _Evaluation:
         A registration of an entry that appears starts from the count the state retained for it (the count
         before removal; None without history). Any other entry starts from the lower of the stored count and
         the state's: a higher stored count went through unjudged, so it is judged as a change from the state's
-        count — also for an entry the write does not touch (those are never refused).
+        count — also for an entry the write does not touch — and is clamped, never refused (a refusal would
+        keep the untrusted count).
         """
         raw = diff_drivers(self.old, self.new, registrations=True)
         touched = {c.driver for c in raw}
@@ -559,12 +560,11 @@ class _Evaluation:
                     f"{self.node}/{c.driver}: the stored count {format_count(c.old)} is above the last count "
                     f"csinode-guard accepted ({format_count(entry.count)}): judged from {format_count(entry.count)}"
                 )
-                lowered = not c.is_increase  # the write lowers the stored count: refusing it would keep more
                 c = c._replace(old=entry.count)
                 if c.old == c.new and not c.registration:
                     continue
-                if lowered:
-                    self.soft_drivers.add(c.driver)
+                # Refusing would keep the stored count, which is higher than anything trusted: clamp instead.
+                self.soft_drivers.add(c.driver)
             changes.append(c)
         for name, driver in self.new.drivers.items():
             entry = self.entries.get(name)
