@@ -34,6 +34,8 @@ from webhook.registration import webhook_entry
 from webhook.review import AdmissionRequest, build_response, parse_review
 from webhook.state import STATE_ANNOTATION, StateKeys
 
+_GVK = {"group": "storage.k8s.io", "version": "v1", "kind": "CSINode"}
+_GVR = {"group": "storage.k8s.io", "version": "v1", "resource": "csinodes"}
 _OPTIONS_KIND = {"UPDATE": "UpdateOptions", "CREATE": "CreateOptions", "DELETE": "DeleteOptions"}
 
 
