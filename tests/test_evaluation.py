@@ -19,18 +19,18 @@ from typing import Any
 
 import pytest
 from kube import (
-    count_of,
-    without_driver,
     EBS,
     KUBELET,
     NODE,
     apply_response,
     base_csinode,
+    count_of,
     counts,
     driver_entry,
     kubelet_update,
     review,
     with_annotation,
+    without_driver,
 )
 
 from webhook.budget import IncreaseBudget

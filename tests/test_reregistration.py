@@ -202,7 +202,7 @@ def test_a_rule_set_to_deny_acts_as_clamp_on_a_registration() -> None:
 @pytest.mark.parametrize(
     "stored",
     [
-        pytest.param(lambda: base_csinode(), id="first registration, no state"),
+        pytest.param(base_csinode, id="first registration, no state"),
         pytest.param(lambda: without_driver(registered(25).obj, EBS), id="re-registration with history"),
     ],
 )

@@ -32,7 +32,7 @@ from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate
 from webhook.policy import Policy
 from webhook.registration import webhook_entry
 from webhook.review import AdmissionRequest, build_response, parse_review
-from webhook.state import STATE_ANNOTATION, StateKeys
+from webhook.state import StateKeys
 
 _GVK = {"group": "storage.k8s.io", "version": "v1", "kind": "CSINode"}
 _GVR = {"group": "storage.k8s.io", "version": "v1", "resource": "csinodes"}

@@ -58,11 +58,11 @@ from webhook.state import (
     STATE_ANNOTATION,
     Approval,
     Correction,
+    DeclaredVersion,
     DecodedState,
     EntryState,
     GuardState,
     StateKeys,
-    DeclaredVersion,
     StateProblem,
     decode_state,
     encode_state,
@@ -160,12 +160,11 @@ def _line(node: str, change: CountChange | None, v: Violation, suffix: str = "")
         # A request-level finding is about an annotation: the guard's state, the justification, driver versions.
         annotation = v.annotation or (STATE_ANNOTATION if v.rule == STATE_INTEGRITY else JUSTIFICATION_ANNOTATION)
         where = f"{node}: {annotation}"
+    elif change.registration:
+        before = "" if change.old is None else f"{format_count(change.old)} -> "
+        where = f"{node}/{change.driver} (registration): {before}{format_count(change.new)}{suffix}"
     else:
-        if change.registration:
-            before = "" if change.old is None else f"{format_count(change.old)} -> "
-            where = f"{node}/{change.driver} (registration): {before}{format_count(change.new)}{suffix}"
-        else:
-            where = f"{node}/{change.driver}: {format_count(change.old)} -> {format_count(change.new)}{suffix}"
+        where = f"{node}/{change.driver}: {format_count(change.old)} -> {format_count(change.new)}{suffix}"
     return f"[{v.rule}] {where}: {v.why}; {v.proceed}"
 
 
@@ -397,15 +396,19 @@ class _Evaluation:
         return self._budget_clock if self._budget_clock is not None else self.now.timestamp()
 
     # -- findings -------------------------------------------------------------------------------------------
-    def _soft(self, change: CountChange | None) -> bool:
-        """True when findings on ``change`` (None: request-level) may clamp or warn but never deny."""
-        return self.never_refused or (change is not None and change.driver in self.soft_drivers)
+    def _soft(self, change: CountChange | None, rule: str) -> bool:
+        """True when ``rule``'s findings on ``change`` (None: request-level) may clamp or warn but never deny: on
+        a write that is never refused, and for a count rule on an entry judged from its last trusted count (a
+        refusal would keep the untrusted stored count; who writes is judged as usual)."""
+        if self.never_refused:
+            return True
+        return change is not None and change.driver in self.soft_drivers and rule != WRITER_IDENTITY
 
     def _effective(self, v: Violation, change: CountChange | None) -> EnforcementAction:
         action = v.action
         if not self.in_scope or self.exempt:
             return EnforcementAction.DRYRUN
-        if self._soft(change) and action in (EnforcementAction.DENY, EnforcementAction.CLAMP):
+        if self._soft(change, v.rule) and action in (EnforcementAction.DENY, EnforcementAction.CLAMP):
             # Never refused: a deny acts as a clamp; with nothing lower to clamp to (or in /validate, which
             # cannot patch) the finding is a warning.
             lowers = change is not None and v.clamp_to is not None and (change.new is None or v.clamp_to < change.new)
@@ -555,17 +558,19 @@ class _Evaluation:
             if c.registration and c.driver not in self.old.drivers:
                 changes.append(c._replace(old=entry.count) if entry is not None else c)
                 continue
-            if entry is not None and _above(c.old, entry.count):
-                self.notes.append(
-                    f"{self.node}/{c.driver}: the stored count {format_count(c.old)} is above the last count "
-                    f"csinode-guard accepted ({format_count(entry.count)}): judged from {format_count(entry.count)}"
-                )
-                c = c._replace(old=entry.count)
-                if c.old == c.new and not c.registration:
-                    continue
-                # Refusing would keep the stored count, which is higher than anything trusted: clamp instead.
-                self.soft_drivers.add(c.driver)
-            changes.append(c)
+            if entry is None or not _above(c.old, entry.count):
+                changes.append(c)
+                continue
+            self.notes.append(
+                f"{self.node}/{c.driver}: the stored count {format_count(c.old)} is above the last count "
+                f"csinode-guard accepted ({format_count(entry.count)}): judged from {format_count(entry.count)}"
+            )
+            rebased = c._replace(old=entry.count)
+            if rebased.old == rebased.new and not rebased.registration:
+                continue
+            # Refusing would keep the stored count, which is higher than anything trusted: clamp instead.
+            self.soft_drivers.add(rebased.driver)
+            changes.append(rebased)
         for name, driver in self.new.drivers.items():
             entry = self.entries.get(name)
             if name in touched or entry is None or name not in self.old.drivers:
@@ -663,6 +668,10 @@ class _Evaluation:
                     effective=EnforcementAction.CLAMP,
                     message=_line(self.node, c, f.violation, f" (clamped to {format_count(c.old)})"),
                 )
+
+    def _stored_count(self, change: CountChange) -> int | None:
+        stored = self.old.drivers.get(change.driver)
+        return stored.allocatable_count if stored is not None else change.old
 
     def _freezes(self, f: _Finding) -> bool:
         """A version rollback freezes increases unless its finding only ran as a dry run."""
@@ -863,7 +872,10 @@ class _Evaluation:
                 warnings=tuple(self.notes),
                 audit_annotations=self._audit_annotations(Decision.DENY),
             )
-            outcomes = [ChangeOutcome(c, c.old, self.contexts[c.driver].driver_version) for c in changes]
+            # Refused: every entry keeps what is stored (which may be above the count judged from).
+            outcomes = [
+                ChangeOutcome(c, self._stored_count(c), self.contexts[c.driver].driver_version) for c in changes
+            ]
             return self._decision(response, Decision.DENY, outcomes, None, problem, detail)
         new_state, change_outcomes = self._next_state(changes, finals)
         ops = self._patch(changes, finals, new_state) if self.mode is Mode.MUTATE else []

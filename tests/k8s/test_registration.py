@@ -55,7 +55,7 @@ def stored_count(control_plane: ControlPlane, node: str) -> int | None:
 
 
 def report(what: str, seconds: float) -> None:
-    print(f"\n[install latency] {what}: {seconds:.2f}s")  # noqa: T201 - the measurement this suite reports
+    print(f"\n[install latency] {what}: {seconds:.2f}s")
 
 
 def test_a_plugin_restart_of_an_old_driver_reporting_39_ends_within_the_ceiling(

@@ -2,8 +2,8 @@
 
 An increase sooner than max(``minInterval``, the CSIDriver's ``spec.nodeAllocatableUpdatePeriodSeconds``) after
 the entry's last accepted change is a violation (default ``deny``: kubelet retries at its next period, KEP-4876).
-Decreases and registrations (a plugin registering, also right after a restart) are exempt. The cluster-wide increase budget (per replica) is checked by the
-evaluation, which owns the token bucket.
+Decreases and registrations (a plugin registering, also right after a restart) are exempt. The cluster-wide
+increase budget (per replica) is checked by the evaluation, which owns the token bucket.
 """
 
 from __future__ import annotations
