@@ -180,3 +180,24 @@ def test_install_latency_with_the_guard_stopped(control_plane: ControlPlane, gua
 
     report(f"guard {guard_state}, first registration", took)
     assert took < 30
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open: InstallCSIDriver over an entry that is still there with the same nodeID and topologyKeys but "
+    "a higher count is the same PUT as UpdateCSIDriver's, so it goes to the failurePolicy Fail entry and a "
+    "denial (change-rate here) fails the plugin's registration (docs/registration.md, 'Open')",
+)
+def test_an_install_over_a_registered_entry_with_the_same_node_id_succeeds(
+    control_plane: ControlPlane, guard: Guard
+) -> None:
+    """kubelet restarted while the plugin kept running: InstallCSIDriver again, same nodeID and topology, another
+    count (kubelet rewrites the entry when anything differs, the count included)."""
+    node = new_node(control_plane, guard, "reinstall")
+    install(control_plane, node, 20)
+
+    took = install(control_plane, node, 39)
+
+    report("guard up, install again over the registered entry reporting 39", took)
+    stored = stored_count(control_plane, node)
+    assert stored is not None and stored <= CEILING
