@@ -4,20 +4,25 @@ Under ``serve`` the environment variable ``PROMETHEUS_MULTIPROC_DIR`` is set bef
 so every worker writes its samples to files there and the master serves the merged view on the plain-HTTP
 metrics port (prometheus_client multiprocess mode). Gauges declare how they merge across processes.
 Label values are bounded: endpoints, decisions, rule ids, enforcement actions, drivers — never node names.
+The policy metrics are the master's (:mod:`webhook.policy_metrics`): one series per live policy, once per replica.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 from typing import Any
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 from webhook.evaluation import AdmissionDecision, Decision
 from webhook.flushlock import flush_lock
 from webhook.policy import EnforcementAction
+from webhook.state import STATE_ANNOTATION, StateProblem
+
+log = logging.getLogger("csinode_guard.state")
 
 REQUESTS = Counter(
     "csinode_guard_requests",
@@ -37,11 +42,12 @@ LATENCY = Histogram(
 )
 STATE_FAILURES = Counter(
     "csinode_guard_state_verification_failures",
-    "State annotations that were present but unusable (bad signature, other object, malformed).",
+    "Reviews whose state annotation was not used, by reason: missing (no state yet: normal for an entry's first "
+    "judged write), bad-signature, other-object, malformed, unsupported-version.",
     ["reason"],
 )
 FREEZES = Counter(
-    "csinode_guard_frozen_entries",
+    "csinode_guard_freezes",
     "Entries whose increases were frozen after a driver version rollback.",
     ["driver"],
 )
@@ -63,24 +69,6 @@ AUDIT_FAILURES = Counter(
     "csinode_guard_audit_write_failures",
     "Audit records that could not be written to the audit log (they went to the error log instead).",
 )
-POLICY_INFO = Gauge(
-    "csinode_guard_policy_info",
-    "The policy in force: 1 for its hash, 0 for earlier ones.",
-    ["hash", "name"],
-    multiprocess_mode="max",
-)
-POLICY_GENERATION = Gauge(
-    "csinode_guard_policy_generation",
-    "Generation of the policy in force (1 at start, +1 per successful reload).",
-    multiprocess_mode="max",
-)
-POLICY_RELOADS = Counter(
-    "csinode_guard_policy_reloads",
-    "Policy reload attempts by result (success|invalid).",
-    ["result"],
-)
-
-
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
 
@@ -182,8 +170,18 @@ def count_bad_request(code: int) -> None:
     _child(BAD_REQUESTS, str(code)).inc()
 
 
+def _log_state_problem(endpoint: str, decision: AdmissionDecision) -> None:
+    # One warning per AdmissionReview whose state annotation was present but not used. It names the CSINode and
+    # why (``DecodedState.detail``), never the annotation's value, its signature or a key.
+    log.warning("/%s: state annotation %s of CSINode %s not used (%s: %s); its entries are judged as new",
+                endpoint, STATE_ANNOTATION, decision.node, decision.state_problem, decision.state_detail)
+
+
 def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, seconds: float) -> None:
-    """Record one answered AdmissionReview: request count, latency, rule results, state and freezes."""
+    """Record one answered AdmissionReview: request count, latency, rule results, state and freezes.
+
+    A state annotation that was not used is counted under its reason (``missing`` too); one that was present but
+    unusable (a bad signature, another object's, malformed) is also logged once, at warning."""
     keys: list[tuple[Any, tuple[str, ...]]] = [
         (REQUESTS, (endpoint, decision.decision.value, "true" if dry_run else "false"))
     ]
@@ -199,8 +197,10 @@ def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, 
                 change = finals.get(o.driver)
                 if decision.decision is Decision.DENY or (change is not None and change.final == change.change.old):
                     keys.append((DISAGREEMENT, (o.driver, o.rule)))
-    if decision.state_problem is not None and decision.state_problem.value != "missing":
+    if decision.state_problem is not None:
         keys.append((STATE_FAILURES, (decision.state_problem.value,)))
+        if decision.state_problem is not StateProblem.MISSING:
+            _log_state_problem(endpoint, decision)
     if not dry_run:
         keys += [(FREEZES, (c.change.driver,)) for c in decision.changes if c.frozen]
     if _PENDING:
