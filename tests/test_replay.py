@@ -42,11 +42,11 @@ EXPECTED = [
     ("2026-11-30T02:03:12.001Z", 20, 21, 21, "allow", [], f"system:node:{NODE}"),
     ("2026-11-30T02:03:20.001Z", 21, 39, 21, "deny", ["count-ceiling", "count-rollback", "change-rate"],
      f"system:node:{NODE}"),
-    # The Metadata-level update before it (not judgeable) stored 22 above the trusted 21: judged from 21, and
-    # refused, so 22 stays.
-    ("2026-11-30T02:06:40.001Z", 21, 24, 22, "deny", ["writer-identity", "count-rollback"],
+    # The Metadata-level update before it (not judgeable) stored 22 above the trusted 21: judged from 21 (its
+    # message says so), refused, so 22 stays.
+    ("2026-11-30T02:06:40.001Z", 22, 24, 22, "deny", ["writer-identity", "count-rollback"],
      "system:node:ip-10-0-2-51.ec2.internal"),
-    ("2026-11-30T02:07:50.001Z", 21, 128, 24, "deny", ["writer-identity", "count-ceiling", "count-rollback"],
+    ("2026-11-30T02:07:50.001Z", 24, 128, 24, "deny", ["writer-identity", "count-ceiling", "count-rollback"],
      "kubernetes-admin"),
 ]
 

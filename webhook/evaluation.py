@@ -113,6 +113,14 @@ class ChangeOutcome(NamedTuple):
     correction: str | None = None
     frozen: bool = False
     notes: tuple[str, ...] = ()
+    stored: tuple[int | None, ...] = ()
+    """The count the object held before the write, when it is not ``change.old`` (an entry judged from the last
+    count the guard accepted, after a write that went through unjudged); empty otherwise."""
+
+    @property
+    def before(self) -> int | None:
+        """The count the object held before the write (what a refusal keeps)."""
+        return self.stored[0] if self.stored else self.change.old
 
 
 class AdmissionDecision(NamedTuple):
@@ -405,6 +413,7 @@ class _Evaluation:
         self.never_refused = False  # the whole write: set by run() before any rule runs
         self.soft_drivers: set[str] = set()  # entries the write does not touch, reconciled: never refused
         self.restore_annotations: list[str] = []  # annotations a stranger changed on a write never refused
+        self.stored_before: dict[str, int | None] = {}  # entries judged from the state's count: what was stored
 
     @property
     def budget_clock(self) -> float:
@@ -584,6 +593,7 @@ class _Evaluation:
             rebased = c._replace(old=entry.count)
             if rebased.old == rebased.new and not rebased.registration:
                 continue
+            self.stored_before[c.driver] = c.old
             # Refusing would keep the stored count, which is higher than anything trusted: clamp instead.
             self.soft_drivers.add(rebased.driver)
             changes.append(rebased)
@@ -598,6 +608,7 @@ class _Evaluation:
                     "and is judged now"
                 )
                 self.soft_drivers.add(name)
+                self.stored_before[name] = driver.allocatable_count
                 changes.append(CountChange(self.node, name, entry.count, driver.allocatable_count, driver.position))
         return changes
 
@@ -711,6 +722,10 @@ class _Evaluation:
                     effective=EnforcementAction.CLAMP,
                     message=_line(self.node, c, f.violation, f" (clamped to {format_count(c.old)})"),
                 )
+
+    def _with_stored(self, outcome: ChangeOutcome) -> ChangeOutcome:
+        driver = outcome.change.driver
+        return outcome._replace(stored=(self.stored_before[driver],)) if driver in self.stored_before else outcome
 
     def _stored_count(self, change: CountChange) -> int | None:
         stored = self.old.drivers.get(change.driver)
@@ -915,10 +930,12 @@ class _Evaluation:
             )
             # Refused: every entry keeps what is stored (which may be above the count judged from).
             outcomes = [
-                ChangeOutcome(c, self._stored_count(c), self.contexts[c.driver].driver_version) for c in changes
+                self._with_stored(ChangeOutcome(c, self._stored_count(c), self.contexts[c.driver].driver_version))
+                for c in changes
             ]
             return self._decision(response, Decision.DENY, outcomes, None, problem, detail)
         new_state, change_outcomes = self._next_state(changes, finals)
+        change_outcomes = [self._with_stored(o) for o in change_outcomes]
         ops = self._patch(changes, finals, new_state) if self.mode is Mode.MUTATE else []
         warnings: list[str] = []
         decision = Decision.ALLOW

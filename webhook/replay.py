@@ -656,7 +656,7 @@ class Replayer:
                 time=time_text,
                 node=name,
                 driver=c.change.driver,
-                old="registered" if registered else _count(c.change.old),
+                old="registered" if registered else _count(c.before),
                 new=_count(c.change.new),
                 final=_count(final),
                 decision=outcome.decision.value,
