@@ -205,6 +205,7 @@ def test_an_install_over_a_registered_entry_with_the_same_node_id_succeeds_and_k
     node = new_node(control_plane, guard, "reinstall")
     install(control_plane, node, 20)
     before = control_plane.get_csinode(node)
+    validated = [r for r in guard.decisions() if r.get("node") == node and r.get("endpoint") == "validate"]
 
     took = install(control_plane, node, 39)
 
@@ -221,3 +222,6 @@ def test_an_install_over_a_registered_entry_with_the_same_node_id_succeeds_and_k
     outcome = next(o for o in last["rules"] if o["rule"] == "change-rate" and o["result"] == "violation")
     assert (outcome["enforcement"], outcome["effective"]) == ("deny", "clamp"), outcome
     assert any("change-rate deny acts as clamp for the node's kubelet" in n for n in last.get("notes", [])), last
+    assert [r for r in guard.decisions() if r.get("node") == node and r.get("endpoint") == "validate"] == validated, (
+        "the clamped write changes no count: neither /validate entry's matchConditions match it"
+    )
