@@ -168,6 +168,17 @@ def test_a_broken_test_file_is_reported_with_its_path(tmp_path: Path, broken: di
     assert where in result.stdout and problem in result.stdout
 
 
+def test_a_test_file_of_random_bytes_is_reported_like_validate_reports_it(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_bytes(b"\xff\xfe\x81\x00garbage\x9c")
+    result = cli("policy", "test", str(path))
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"ERROR {path}" in result.stdout
+    assert f"{path}: at byte 0: not UTF-8 text" in result.stdout
+    assert "1 could not run" in result.stdout
+
+
 def test_a_step_on_an_undeclared_node_stops_the_case(tmp_path: Path) -> None:
     path = make_test_file(tmp_path, [one_node([{"node": "nope", "drivers": {EBS: 24}}])])
     (result,) = run_test_file(path).cases
