@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,3 +43,12 @@ def test_serve_on_a_port_in_use_exits_2_with_one_clear_line(tmp_path: Path, take
     assert "Connection in use" not in serve.stderr
     assert "Booting worker" not in serve.stderr
     assert "Traceback" not in serve.stderr
+
+
+def test_the_first_run_says_why_it_issues_a_serving_certificate_in_plain_words(server_factory: Any) -> None:
+    server = server_factory()
+    log = server.stderr_path.read_text()
+    [line] = [line for line in log.splitlines() if "issuing serving certificate in" in line]
+    assert f"issuing serving certificate in {server.cert_dir}: first run: no CA in the directory yet, so a new one " \
+           "was made" in line, line
+    assert "forced" not in line
