@@ -15,7 +15,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.k8s.controlplane import ADMIN_USER, ControlPlane, Guard, counts, csinode_writes, fast_policy, unique, wait_until
+from tests.k8s.controlplane import (
+    ADMIN_USER,
+    ControlPlane,
+    Guard,
+    counts,
+    csinode_writes,
+    fast_policy,
+    unique,
+    wait_until,
+)
 
 EBS = "ebs.csi.aws.com"
 STATE = "csinode-guard.io/state"
