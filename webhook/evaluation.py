@@ -46,7 +46,14 @@ from webhook.csinode import (
     removed_drivers,
 )
 from webhook.justification import JUSTIFICATION_ANNOTATION, JustificationError, parse_justifications
-from webhook.patch import Operation, remove_annotation, replace_drivers, set_annotation, set_count
+from webhook.patch import (
+    Operation,
+    remove_annotation,
+    replace_drivers,
+    restore_managed_fields,
+    set_annotation,
+    set_count,
+)
 from webhook.policy import STATE_INTEGRITY, DriverPolicy, EnforcementAction, Policy
 from webhook.review import AdmissionRequest, AdmissionResponse
 from webhook.rules import RULES
@@ -249,6 +256,39 @@ def _published_versions(raw: str) -> Mapping[str, Any]:
     except (ValueError, RecursionError):  # JSONDecodeError, or an integer over 4300 digits
         return {}
     return MappingProxyType(versions) if isinstance(versions, dict) else {}
+
+
+_BOOKKEEPING = ("resourceVersion", "managedFields", "generation")
+"""``metadata`` fields the apiserver maintains itself: compared apart when a write is checked for being a no-op."""
+
+
+def _restore_managed_fields(obj: Mapping[str, Any] | None, old: Mapping[str, Any] | None) -> list[Operation]:
+    """The operation restoring the stored ``metadata.managedFields`` when ``obj`` (with the stored drivers
+    restored) differs from ``old`` in nothing else but what the apiserver maintains; else no operation.
+
+    The apiserver computes managed fields from the object its writer sent, before mutating admission (kube-
+    apiserver's update handler); a kubelet that reported no count gives up ``f:allocatable`` there although the
+    clamp kept the count. Restoring them makes the stored object byte-identical, so etcd is not written.
+    """
+    if not isinstance(obj, Mapping) or not isinstance(old, Mapping):
+        return []
+    meta, old_meta = obj.get("metadata"), old.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(old_meta, Mapping):
+        return []
+    if meta.get("managedFields") == old_meta.get("managedFields"):
+        return []
+    rest = {k: v for k, v in meta.items() if k not in _BOOKKEEPING}
+    old_rest = {k: v for k, v in old_meta.items() if k not in _BOOKKEEPING}
+    spec, old_spec = obj.get("spec") or {}, old.get("spec") or {}
+    if rest != old_rest or not isinstance(spec, Mapping) or not isinstance(old_spec, Mapping):
+        return []
+    if {k: v for k, v in spec.items() if k != "drivers"} != {k: v for k, v in old_spec.items() if k != "drivers"}:
+        return []
+    others = {k: v for k, v in obj.items() if k not in ("metadata", "spec")}
+    if others != {k: v for k, v in old.items() if k not in ("metadata", "spec")}:
+        return []
+    stored = old_meta.get("managedFields")
+    return [restore_managed_fields(stored if isinstance(stored, list) else None)]
 
 
 def _raw_drivers(obj: Mapping[str, Any] | None) -> list[Any]:
@@ -879,6 +919,7 @@ class _Evaluation:
     def _patch(self, changes: Sequence[CountChange], finals: Mapping[str, int | None],
                new_state: GuardState | None) -> list[Operation]:
         ops: list[Operation] = []
+        restore_bookkeeping = False
         clamped = [c for c in changes if finals[c.driver] != c.new]
         if clamped:
             raw_new = _raw_drivers(self.request.object)
@@ -899,10 +940,13 @@ class _Evaluation:
                     entry["allocatable"] = {"count": final}
             by_name = {d.get("name"): d for d in final_drivers if isinstance(d, dict)}
             old_by_name = {d.get("name"): d for d in raw_old if isinstance(d, dict)}
-            if by_name == old_by_name and final_drivers != raw_old:
-                # The clamped result equals the stored object but kubelet re-appended the driver: restore the
-                # stored order so that the PUT is a no-op for the apiserver (nothing written to etcd).
-                ops = [replace_drivers(raw_old)]
+            if by_name == old_by_name:
+                # The clamped result equals the stored drivers: restore their stored order (kubelet re-appended
+                # the driver) and, when nothing else changes, kubelet's stored managed fields, so that the PUT
+                # is a no-op for the apiserver (nothing written to etcd, no new resourceVersion).
+                if final_drivers != raw_old:
+                    ops = [replace_drivers(raw_old)]
+                restore_bookkeeping = True
         exists = self.new.has_annotations
         for key in dict.fromkeys(self.restore_annotations):
             # A stranger's annotation on a write that is never refused: put back, not refused.
@@ -923,6 +967,8 @@ class _Evaluation:
                 ops.append(remove_annotation(STATE_ANNOTATION))
             else:
                 ops.extend(set_annotation(STATE_ANNOTATION, old_value, exists))
+        if restore_bookkeeping and not any(op["path"].startswith("/metadata") for op in ops):
+            ops.extend(_restore_managed_fields(self.request.object, self.request.old_object))
         return ops
 
     # -- the pipeline ---------------------------------------------------------------------------------------
