@@ -39,6 +39,9 @@ def _count(value: int | None) -> int | str:
     return "unbounded" if value is None else value
 
 
+AUDIT_LOG_MODE = 0o640
+"""Permissions of an audit log file the guard creates (owner read-write, group read; the umask may take more)."""
+
 MAX_NOTES = 10
 """Notes a record carries at most (the last then counts the others)."""
 
@@ -222,7 +225,7 @@ class AuditWriter:
     def _open(self) -> int:
         if self.path == "-":
             return 1
-        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
+        return os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, AUDIT_LOG_MODE)
 
     def _reopen_after_fork(self) -> None:
         if os.getpid() != self._pid and self.path != "-":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from datetime import UTC, datetime
 from typing import Any
@@ -80,11 +81,13 @@ def run(settings: Settings) -> int:
 
 
 def _check_writable_audit_log(path: str) -> None:
+    from webhook.audit import AUDIT_LOG_MODE  # noqa: PLC0415
+
     if path == "-":
         return
     try:
-        with open(path, "a", encoding="utf-8"):
-            pass
+        # The mode the workers' AuditWriter asks for: this check is what creates the file.
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, AUDIT_LOG_MODE))
     except OSError as exc:
         raise OSError(f"audit log {path} cannot be opened for appending: {exc.strerror or exc}") from None
 
