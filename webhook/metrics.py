@@ -59,6 +59,12 @@ INTERNAL_ERRORS = Counter(
     "csinode_guard_internal_errors",
     "Evaluations that failed with an unexpected error (count increases refused, other writes admitted unjudged).",
 )
+CLIENT_FAULTS = Counter(
+    "csinode_guard_client_faults",
+    "Requests dropped for the client's fault, by reason (too_slow: headers or body not sent within the read "
+    "deadline; disconnected: the client went away mid-body). Not the guard's errors: no internal-errors alert.",
+    ["reason"],
+)
 AUDIT_FAILURES = Counter(
     "csinode_guard_audit_write_failures",
     "Audit records that could not be written to the audit log (they went to the error log instead).",
@@ -180,6 +186,11 @@ def batch_updates(interval: float = 1.0) -> PendingUpdates:
 def count_bad_request(code: int) -> None:
     """Count one HTTP request answered with a 4xx error."""
     _child(BAD_REQUESTS, str(code)).inc()
+
+
+def count_client_fault(reason: str) -> None:
+    """Count one request dropped for the client's fault (``reason``: too_slow | disconnected)."""
+    _child(CLIENT_FAULTS, reason).inc()
 
 
 def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, seconds: float) -> None:

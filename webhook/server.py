@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, current_app, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from webhook import metrics
 from webhook.audit import AuditWriter, build_records
@@ -37,6 +37,7 @@ from webhook.review import (
     parse_review,
     peek_uid,
 )
+from webhook.serving import ClientTooSlowError
 from webhook.state import StateKeys
 
 log = logging.getLogger("csinode_guard.server")
@@ -113,17 +114,44 @@ def _error(code: int, message: str) -> Response:
     return response
 
 
+class ClientFaultError(Exception):
+    """The client did not send its whole body: too slow (``reason="too_slow"``) or gone (``"disconnected"``)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
 def _read_body(limit: int) -> bytes | None:
     """The request body, or None when it is longer than ``limit`` bytes (then at most ``limit + 1`` are read).
 
     A declared Content-Length over the limit is refused before reading anything. A chunked body (no length)
     is read up to one byte past the limit: werkzeug's own limit would silently cut it to ``limit`` bytes.
+    Raises :class:`ClientFaultError` when the client stalls past the read deadline or goes away mid-body.
     """
     length = request.content_length
-    if length is not None:
-        return None if length > limit else request.get_data(cache=False)
-    body: bytes = request.environ["wsgi.input"].read(limit + 1)
+    try:
+        if length is not None:
+            return None if length > limit else request.get_data(cache=False)
+        body: bytes = request.environ["wsgi.input"].read(limit + 1)
+    except ClientTooSlowError as exc:
+        raise ClientFaultError("too_slow", exc.strerror or str(exc)) from None
+    except (ConnectionError, TimeoutError, ClientDisconnected) as exc:
+        # werkzeug turns a read error under a declared length into ClientDisconnected: the socket knows whether
+        # it was the read deadline.
+        if getattr(request.environ.get("gunicorn.socket"), "timed_out", False):
+            raise ClientFaultError("too_slow", "client sent no complete request in time") from None
+        raise ClientFaultError("disconnected", str(exc) or type(exc).__name__) from None
     return None if len(body) > limit else body
+
+
+def _client_fault(fault: ClientFaultError) -> Response:
+    """408 for a body that did not arrive (counted as a client fault, not a bad request nor an internal error);
+    the connection is closed after it."""
+    metrics.count_client_fault(fault.reason)
+    response = _json({"error": f"the request body did not arrive: {fault}", "code": 408}, 408)
+    response.headers["Connection"] = "close"
+    return response
 
 
 def _has_client_certificate(sock: Any) -> bool:
@@ -145,7 +173,10 @@ def _review(mode: Mode) -> Response:
                            "client certificate)")
     if request.mimetype != "application/json":
         return _error(415, f"Content-Type must be application/json, not {request.mimetype or '(none)'!r}")
-    body = _read_body(runtime.max_body_bytes)
+    try:
+        body = _read_body(runtime.max_body_bytes)
+    except ClientFaultError as fault:
+        return _client_fault(fault)
     if body is None:
         size = f"of {request.content_length} bytes " if request.content_length is not None else ""
         return _error(413, f"body {size}is over the limit of {runtime.max_body_bytes} bytes")
@@ -199,7 +230,10 @@ def _noop() -> Any:
         return _error(403, "a client certificate signed by the --client-ca is required")
     if request.mimetype != "application/json":
         return _error(415, "Content-Type must be application/json")
-    body = _read_body(runtime.max_body_bytes)
+    try:
+        body = _read_body(runtime.max_body_bytes)
+    except ClientFaultError as fault:
+        return _client_fault(fault)
     if body is None:
         return _error(413, f"body is over the limit of {runtime.max_body_bytes} bytes")
     try:

@@ -102,6 +102,11 @@ class DeadlineSSLSocket(ssl.SSLSocket):
     _requested: float | None = None
     _abandoned = False
 
+    @property
+    def timed_out(self) -> bool:
+        """True once a read passed the deadline (the connection is being closed)."""
+        return self._abandoned
+
     def setblocking(self, flag: bool) -> None:
         """Blocking mode starts a new request deadline; non-blocking mode (idle in the poller) clears it."""
         if not flag:
