@@ -69,6 +69,24 @@ AUDIT_FAILURES = Counter(
     "csinode_guard_audit_write_failures",
     "Audit records that could not be written to the audit log (they went to the error log instead).",
 )
+AUDIT_TIMEOUTS = Counter(
+    "csinode_guard_audit_write_timeouts",
+    "Audit records not written within the write deadline (a stalled reader); their count increases were refused.",
+)
+AUDIT_STALLED = Gauge(
+    "csinode_guard_audit_log_stalled",
+    "1 while a worker's audit log is stalled (its last record missed the write deadline), else 0.",
+    multiprocess_mode="livemax",
+)
+AUDIT_REOPENS = Counter(
+    "csinode_guard_audit_log_reopens",
+    "Times the audit file was found removed or replaced (rotated) under its path and opened again, by reason.",
+    ["reason"],
+)
+AUDIT_ORPHANED = Counter(
+    "csinode_guard_audit_records_orphaned",
+    "Records written to an audit file that had been deleted (written again to the new file).",
+)
 POLICY_INFO = Gauge(
     "csinode_guard_policy_info",
     "The policy in force: 1 for its hash, 0 for earlier ones.",

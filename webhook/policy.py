@@ -277,7 +277,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         if self.check_event(yaml.AliasEvent):
             self._aliases += 1
             if self._aliases > MAX_ALIASES:
-                event = self.peek_event()
+                event = self.peek_event()  # type: ignore[no-untyped-call]
                 raise yaml.composer.ComposerError(
                     None, None, f"more than {MAX_ALIASES} aliases (refused: alias expansion)", event.start_mark
                 )

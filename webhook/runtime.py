@@ -24,7 +24,7 @@ def run(settings: Settings) -> int:
     setup_logging(settings.log_level)
     from webhook import tls  # noqa: PLC0415
     from webhook.policy_store import PolicyStore  # noqa: PLC0415
-    from webhook.serving import GuardApplication, gunicorn_options, new_audit_lock, start_metrics_server  # noqa: PLC0415
+    from webhook.serving import GuardApplication, gunicorn_options, start_metrics_server  # noqa: PLC0415
     from webhook.state import StateKeys  # noqa: PLC0415
 
     try:
@@ -59,7 +59,6 @@ def run(settings: Settings) -> int:
         return 2
     for problem in tls.certificate_problems(cert_file):
         log.error("serving certificate problem: %s", problem)
-    audit_lock = new_audit_lock()
     log.info(
         "csinode-guard serving https://%s:%d (policy %s, hash %s; certificates in %s; audit log %s)",
         settings.host, settings.port, initial.policy.source, initial.policy.hash, settings.cert_dir,
@@ -73,7 +72,7 @@ def run(settings: Settings) -> int:
         return ssl_source.context()
 
     def app_factory() -> Any:
-        return build_worker_app(settings, keys, audit_lock, cert_file)
+        return build_worker_app(settings, keys, cert_file)
 
     options = gunicorn_options(settings, cert_file, key_file, ssl_hook, when_ready)
     GuardApplication(settings, app_factory, options).run()
@@ -103,11 +102,11 @@ def _check_port_free(port: int) -> None:
             raise OSError(f"metrics port {port} is not free: {exc.strerror or exc}") from None
 
 
-def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: Any) -> Any:
+def build_worker_app(settings: Settings, keys: Any, cert_file: Any) -> Any:
     """Build one worker's Flask app: policy store (hot reload), cluster view, audit writer, metrics."""
     setup_logging(settings.log_level)
     from webhook import metrics, tls  # noqa: PLC0415
-    from webhook.audit import AuditWriter  # noqa: PLC0415
+    from webhook.audit import AuditHooks, AuditWriter  # noqa: PLC0415
     from webhook.policy_store import PolicySnapshot, PolicyStore  # noqa: PLC0415
     from webhook.server import Runtime, create_app  # noqa: PLC0415
 
@@ -136,7 +135,14 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
 
     certificate_problems()
     metrics.batch_updates()  # per-request samples reach the metric files once a second, off the request path
-    audit = AuditWriter(settings.audit_log, lock=audit_lock, on_failure=lambda _r: metrics.AUDIT_FAILURES.inc())
+    metrics.AUDIT_STALLED.set(0)
+    audit = AuditWriter(settings.audit_log, hooks=AuditHooks(
+        failure=lambda _reason: metrics.AUDIT_FAILURES.inc(),
+        timeout=metrics.AUDIT_TIMEOUTS.inc,
+        stalled=lambda flag: metrics.AUDIT_STALLED.set(1 if flag else 0),
+        reopened=lambda reason: metrics.AUDIT_REOPENS.labels(reason).inc(),
+        orphaned=metrics.AUDIT_ORPHANED.inc,
+    ))
     runtime = Runtime(
         policies=store,
         cluster=cluster,

@@ -25,6 +25,7 @@ from webhook import metrics
 from webhook.audit import AuditWriter, build_records
 from webhook.budget import IncreaseBudget
 from webhook.cluster import ClusterView
+from webhook.csinode import format_count
 from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate, unjudged
 from webhook.policy import Policy
 from webhook.policy_store import PolicyStore
@@ -205,9 +206,11 @@ def _review(mode: Mode) -> Response:
         decision = unjudged(review)
     if decision.notes and decision.decision in (Decision.SKIP, Decision.DENY):
         log.warning("request %s: %s", review.uid, "; ".join(decision.notes))
+    if not _audit(runtime, decision, review, mode, now, snapshot.policy.hash, snapshot.generation,
+                  time.perf_counter() - started):
+        decision = _unaudited(decision, review)
     document = build_response(review.uid, decision.response, allow_patch=mode is Mode.MUTATE)
     latency = time.perf_counter() - started
-    _audit(runtime, decision, review, mode, now, snapshot.policy.hash, snapshot.generation, latency)
     metrics.observe_decision(mode.value, decision, review.dry_run, latency)
     if runtime.observe_count is not None and mode is Mode.VALIDATE and decision.response.allowed:
         for change in decision.changes:
@@ -248,6 +251,37 @@ def _noop() -> Any:
     return response
 
 
+def _raises_a_count(decision: AdmissionDecision, review: AdmissionRequest) -> list[str]:
+    """The admitted count increases of ``decision`` (``driver: old -> final``); registrations and CREATE have none
+    (never refused)."""
+    if not decision.response.allowed or review.operation != "UPDATE":
+        return []
+    rising = []
+    for c in decision.changes:
+        old, final = c.change.old, c.final
+        if old is not None and (final is None or final > old):
+            rising.append(f"{c.change.driver}: {format_count(old)} -> {format_count(final)}")
+    return rising
+
+
+def _unaudited(decision: AdmissionDecision, review: AdmissionRequest) -> AdmissionDecision:
+    """The decision when its audit record could not be written in time: the design's asymmetry.
+
+    An admitted count increase is refused (403; kubelet retries at its next period), since nothing would record
+    why it was let in; any other write keeps its decision. The records went to the error log."""
+    rising = _raises_a_count(decision, review)
+    if not rising:
+        return decision
+    message = (f"csinode-guard could not write its audit record in time (audit log stalled), so it refuses count "
+               f"increases ({', '.join(rising[:5])}{', ...' if len(rising) > 5 else ''}); other writes are admitted")
+    log.error("request %s: %s", review.uid, message)
+    return decision._replace(
+        response=AdmissionResponse(allowed=False, status_code=403, reason="Forbidden", message=message,
+                                   audit_annotations={"decision": "error"}),
+        decision=Decision.DENY,
+    )
+
+
 def _audit(
     runtime: Runtime,
     decision: AdmissionDecision,
@@ -257,7 +291,8 @@ def _audit(
     policy_hash: str,
     generation: int,
     latency: float,
-) -> None:
+) -> bool:
+    """Write the decision's audit records; False when one of them was not written (it went to the error log)."""
     records = build_records(
         decision,
         review,
@@ -267,7 +302,7 @@ def _audit(
         policy_generation=generation,
         latency_seconds=latency,
     )
-    runtime.audit.write(records)
+    return runtime.audit.write(records) == len(records)
 
 
 def create_app(runtime: Runtime) -> Flask:
@@ -300,6 +335,7 @@ def create_app(runtime: Runtime) -> Flask:
         cluster_ready, cluster_reason = runtime.readiness()
         if not cluster_ready:
             problems.append(f"cluster caches: {cluster_reason}")
+        problems += runtime.audit.problems()
         body = {
             "status": "ok" if not problems else "unavailable",
             "policy": {"hash": snapshot.policy.hash, "generation": snapshot.generation},

@@ -4,8 +4,9 @@ Why this shape: the apiserver calls webhooks over HTTP/1.1 with keep-alive; guni
 connection after every response (a TLS handshake per request), so the workers are ``gthread``. gunicorn 27
 opens a control socket under the home directory unless disabled (a read-only root filesystem), so it is
 disabled. The TLS context is ``webhook.tls.ReloadingSSLContext``: rotated certificates are picked up without a
-restart. Each worker builds its own runtime (policy store, cluster view, audit writer) after the fork; the audit
-lock and the Prometheus multiprocess directory are created in the master before it. SIGTERM: gunicorn stops
+restart. Each worker builds its own runtime (policy store, cluster view, audit writer) after the fork; the
+Prometheus multiprocess directory is created in the master before it (the audit writers share no lock a dead
+worker could keep: :mod:`webhook.audit`). SIGTERM: gunicorn stops
 accepting, lets in-flight requests finish (``graceful_timeout``) and exits 0; audit records are written
 unbuffered, so there is nothing left to flush.
 
@@ -28,7 +29,6 @@ import atexit
 import contextlib
 import errno
 import logging
-import multiprocessing
 import os
 import shutil
 import ssl
@@ -374,7 +374,3 @@ def start_metrics_server(port: int, cert_file: Path | None = None) -> None:
     start_http_server(port, registry=registry)
     log.info("metrics on http://0.0.0.0:%d/metrics", port)
 
-
-def new_audit_lock() -> Any:
-    """A lock shared by the worker processes forked after this call (audit lines stay whole)."""
-    return multiprocessing.get_context("fork").Lock()
