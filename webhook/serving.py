@@ -132,6 +132,11 @@ class DeadlineSSLSocket(ssl.SSLSocket):
             raise self._too_slow(what)
         super().settimeout(remaining if self._requested is None else min(self._requested, remaining))
 
+    def give_up(self, what: str) -> ClientTooSlowError:
+        """Abandon this connection because ``what`` (``request``, ``TLS handshake``) did not arrive in time: logs
+        it, makes later reads return end-of-file (nothing to drain on close) and returns the error."""
+        return self._too_slow(what)
+
     def _too_slow(self, what: str) -> ClientTooSlowError:
         error = ClientTooSlowError(what, self.read_timeout)
         # The connection is closed next. gunicorn's graceful close (in the worker's main thread) drains the
@@ -269,6 +274,16 @@ class GuardApplication(BaseApplication):  # type: ignore[misc]
         return app
 
 
+def whole_request_worker(settings: Settings) -> str:
+    """The worker class (:class:`webhook.wholerequest.WholeRequestWorker`, gunicorn's gthread worker reading each
+    request whole before a thread serves it), with this server's limits; called in the master before the fork."""
+    from webhook.wholerequest import WholeRequestWorker  # noqa: PLC0415 - only where gunicorn serves
+
+    WholeRequestWorker.read_timeout = client_read_timeout()
+    WholeRequestWorker.max_request_bytes = settings.max_body_bytes
+    return "webhook.wholerequest.WholeRequestWorker"
+
+
 def gunicorn_options(settings: Settings, cert_file: Path, key_file: Path, ssl_hook: Callable[..., Any],
                      metrics_hook: Callable[[Any], None]) -> dict[str, Any]:
     """gunicorn settings for the webhook (see the module docstring for why each is set)."""
@@ -282,7 +297,7 @@ def gunicorn_options(settings: Settings, cert_file: Path, key_file: Path, ssl_ho
     return {
         "bind": [f"[{settings.host}]:{settings.port}" if ":" in settings.host else f"{settings.host}:{settings.port}"],
         "workers": settings.workers,
-        "worker_class": "gthread",
+        "worker_class": whole_request_worker(settings),
         "threads": settings.threads,
         # Connections that have sent nothing yet wait in the worker's poller and only hold a slot here (until
         # the keep-alive timeout): many of them must not stop a worker from accepting the apiserver's.
