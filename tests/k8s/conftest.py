@@ -1,0 +1,94 @@
+"""Fixtures of the real-cluster suite: one control plane per test process, guards registered on it.
+
+- ``control_plane`` (session scope, so one cluster per pytest-xdist worker): a real etcd + kube-apiserver +
+  kube-scheduler of ``cluster.sh`` (see :mod:`tests.k8s.controlplane` for binary discovery). Every test in
+  ``tests/k8s`` uses it (autouse): when no binaries are found, all of them are skipped with one line; with
+  ``CSINODE_GUARD_REQUIRE_K8S=1`` that is an error instead.
+- ``guard`` (function scope): a real ``csinode-guard serve --kubeconfig <admin>`` on the bundled default policy,
+  registered with ``csinode-guard register --url``; unregistered and stopped after the test.
+- ``guard_factory`` (function scope): ``guard_factory(policy=path, register=True, extra_args=(), ...)`` for
+  tests that need their own policy, several guards, or one not registered yet; all are cleaned up.
+
+Tests share their worker's cluster: each uses its own node names (:func:`tests.k8s.controlplane.unique`) and
+leaves no webhook configuration behind (the guard fixtures remove theirs even when the test fails).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.k8s.controlplane import (
+    REQUIRE_ENV,
+    ControlPlane,
+    ControlPlaneUnavailable,
+    Guard,
+    discover,
+    kubectl_binary,
+    running_guard,
+)
+
+UNAVAILABLE = "real Kubernetes control plane unavailable"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """Report the skip of a missing control plane at this file, not at each test: ``-rs`` then folds all of
+    them into one line."""
+    report: pytest.TestReport = yield
+    longrepr = report.longrepr
+    if report.skipped and isinstance(longrepr, tuple) and str(longrepr[2]).startswith(f"Skipped: {UNAVAILABLE}"):
+        report.longrepr = (__file__, 1, longrepr[2])
+    return report
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A running cluster for this test process; stopped at the end of the session."""
+    try:
+        cluster_sh, start_env = discover()
+        kubectl_binary()
+    except ControlPlaneUnavailable as exc:
+        message = f"{UNAVAILABLE}: {exc}"
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"{message} ({REQUIRE_ENV}=1)", pytrace=False)
+        pytest.skip(message)
+    cluster = ControlPlane(tmp_path_factory.mktemp("k8s") / "cluster", cluster_sh, start_env)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(autouse=True)
+def _needs_control_plane(control_plane: ControlPlane) -> None:
+    """Every test here needs the cluster: skip (or fail) them all on one reason."""
+
+
+@pytest.fixture
+def guard_factory(control_plane: ControlPlane, tmp_path: Path) -> Iterator[Any]:
+    """``guard_factory(policy=None, register=True, name=None, extra_args=(), extra_env=None, workers=2)``
+    starts a :class:`Guard` (and registers it); every guard is unregistered and stopped after the test."""
+    with contextlib.ExitStack() as stack:
+        made: list[Guard] = []
+
+        def factory(policy: Path | None = None, **kwargs: Any) -> Guard:
+            work = tmp_path / f"guard{len(made)}"
+            guard = stack.enter_context(running_guard(control_plane, work, policy, **kwargs))
+            made.append(guard)
+            return guard
+
+        yield factory
+
+
+@pytest.fixture
+def guard(guard_factory: Any) -> Guard:
+    """The guard on the bundled default policy, registered (both webhook configurations)."""
+    result: Guard = guard_factory()
+    return result
