@@ -3,7 +3,10 @@
 Under ``serve`` the environment variable ``PROMETHEUS_MULTIPROC_DIR`` is set before this module is imported,
 so every worker writes its samples to files there and the master serves the merged view on the plain-HTTP
 metrics port (prometheus_client multiprocess mode). Gauges declare how they merge across processes.
-Label values are bounded: endpoints, decisions, rule ids, enforcement actions, drivers — never node names.
+Label values are bounded: endpoints, decisions, rule ids, enforcement actions, HTTP codes, reasons from fixed
+sets, and drivers — never node names. A driver name comes from the request, so it labels a series only when the
+policy names it or the cluster has a CSIDriver of that name (:func:`driver_label`); any other name counts under
+``other``, and at most :data:`MAX_DRIVER_LABELS` names ever label a series in one process.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -103,6 +107,29 @@ POLICY_RELOADS = Counter(
     "Policy reload attempts by result (success|invalid).",
     ["result"],
 )
+
+
+OTHER_DRIVER = "other"
+"""The driver label of every driver the policy does not name and the cluster has no CSIDriver for."""
+MAX_DRIVER_LABELS = 256
+"""Distinct driver label values one process uses at most (a cluster with more CSIDrivers counts the rest as
+``other``)."""
+_driver_labels: set[str] = set()
+_driver_labels_lock = threading.Lock()
+
+
+def driver_label(driver: str, known: Callable[[str], bool] | None) -> str:
+    """The metric label for ``driver`` (a name from a request): itself when ``known(driver)`` (the policy names
+    it, or a CSIDriver exists) and fewer than :data:`MAX_DRIVER_LABELS` names are in use, else ``other``."""
+    if driver in _driver_labels:
+        return driver
+    if known is None or not known(driver):
+        return OTHER_DRIVER
+    with _driver_labels_lock:
+        if len(_driver_labels) >= MAX_DRIVER_LABELS:
+            return OTHER_DRIVER
+        _driver_labels.add(driver)
+    return driver
 
 
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}
@@ -211,8 +238,11 @@ def count_client_fault(reason: str) -> None:
     _child(CLIENT_FAULTS, reason).inc()
 
 
-def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, seconds: float) -> None:
-    """Record one answered AdmissionReview: request count, latency, rule results, state and freezes."""
+def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, seconds: float,
+                     known_driver: Callable[[str], bool] | None = None) -> None:
+    """Record one answered AdmissionReview: request count, latency, rule results, state and freezes.
+
+    Drivers label series only when ``known_driver(name)`` is true (:func:`driver_label`); None: none does."""
     keys: list[tuple[Any, tuple[str, ...]]] = [
         (REQUESTS, (endpoint, decision.decision.value, "true" if dry_run else "false"))
     ]
@@ -227,11 +257,11 @@ def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, 
             ):
                 change = finals.get(o.driver)
                 if decision.decision is Decision.DENY or (change is not None and change.final == change.change.old):
-                    keys.append((DISAGREEMENT, (o.driver, o.rule)))
+                    keys.append((DISAGREEMENT, (driver_label(o.driver, known_driver), o.rule)))
     if decision.state_problem is not None and decision.state_problem.value != "missing":
         keys.append((STATE_FAILURES, (decision.state_problem.value,)))
     if not dry_run:
-        keys += [(FREEZES, (c.change.driver,)) for c in decision.changes if c.frozen]
+        keys += [(FREEZES, (driver_label(c.change.driver, known_driver),)) for c in decision.changes if c.frozen]
     if _PENDING:
         _PENDING[0].add(keys, endpoint, seconds)
         return

@@ -154,9 +154,22 @@ def build_worker_app(settings: Settings, keys: Any, cert_file: Any) -> Any:
         certificate_problems=certificate_problems,
         cert_file=cert_file,
         observe_count=observe_count,
+        known_driver=_known_driver(store, cluster),
         require_client_cert=settings.client_ca is not None,
     )
     return create_app(runtime)
+
+
+def _known_driver(store: Any, cluster: Any) -> Any:
+    """``known(driver)``: the policy in force names it, or the cluster's CSIDriver cache holds it."""
+    has_csidriver = getattr(cluster, "has_csidriver", None)
+
+    def known(driver: str) -> bool:
+        if driver in store.current().policy.drivers:
+            return True
+        return bool(has_csidriver(driver)) if has_csidriver is not None else False
+
+    return known
 
 
 def _publish_policy(snapshot: Any, previous: dict[str, str]) -> None:

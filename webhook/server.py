@@ -70,8 +70,17 @@ class Runtime:
     certificate_problems: Callable[[], list[str]] = list
     require_client_cert: bool = False
     """/mutate and /validate answer only clients that presented a verified certificate (``--client-ca``)."""
-    observe_count: Callable[[str, int | None, str], object] | None = None
-    """Called with (driver, allocatable count, node) for every admitted count (headroom metric)."""
+    observe_count: Callable[..., object] | None = None
+    """Called with (driver, allocatable count, node, label=driver label) for every admitted count (headroom)."""
+    known_driver: Callable[[str], bool] | None = None
+    """True for a driver the policy names or the cluster has a CSIDriver for: only those label metric series
+    (:func:`webhook.metrics.driver_label`); None: the policy's names only."""
+
+    def is_known_driver(self, driver: str) -> bool:
+        """``known_driver(driver)``, or whether the policy in force names ``driver``."""
+        if self.known_driver is not None:
+            return self.known_driver(driver)
+        return driver in self.policies.current().policy.drivers
     cert_file: Path | None = None
     _budget: tuple[str, IncreaseBudget | None] = ("", None)
     _connections: weakref.WeakKeyDictionary[Any, list[float]] = field(default_factory=weakref.WeakKeyDictionary)
@@ -211,10 +220,12 @@ def _review(mode: Mode) -> Response:
         decision = _unaudited(decision, review)
     document = build_response(review.uid, decision.response, allow_patch=mode is Mode.MUTATE)
     latency = time.perf_counter() - started
-    metrics.observe_decision(mode.value, decision, review.dry_run, latency)
+    metrics.observe_decision(mode.value, decision, review.dry_run, latency, runtime.is_known_driver)
     if runtime.observe_count is not None and mode is Mode.VALIDATE and decision.response.allowed:
         for change in decision.changes:
-            runtime.observe_count(change.change.driver, change.final, decision.node)
+            driver = change.change.driver
+            runtime.observe_count(driver, change.final, decision.node,
+                                  label=metrics.driver_label(driver, runtime.is_known_driver))
     response = _json(document)
     if runtime.should_close(request.environ.get("gunicorn.socket")):
         response.headers["Connection"] = "close"
