@@ -343,6 +343,7 @@ class _Evaluation:
         state = self.decoded.state
         self.entries: Mapping[str, EntryState] = state.entries if state is not None else {}
         self.approvals: list[Approval] = list(state.approvals) if state is not None else []
+        self.approvals_by_driver: dict[str, tuple[Approval, ...]] = {}
         self.approvals_recorded = 0
 
     @property
@@ -430,6 +431,14 @@ class _Evaluation:
                 self.approvals_recorded += 1
         return None
 
+    def _index_approvals(self) -> None:
+        """Group the approvals by driver once, so that each change looks only at its own (linear judging, not
+        drivers x approvals)."""
+        by_driver: dict[str, list[Approval]] = {}
+        for a in self.approvals:
+            by_driver.setdefault(a.driver, []).append(a)
+        self.approvals_by_driver = {d: tuple(found) for d, found in by_driver.items()}
+
     def _judge(self, change: CountChange) -> None:
         dp = self.policy.for_driver(change.driver)
         errors = self.cluster.attach_errors(
@@ -441,7 +450,7 @@ class _Evaluation:
             driver_policy=dp,
             writer=self.writer,
             entry=self.entries.get(change.driver),
-            approvals=tuple(self.approvals),
+            approvals=self.approvals_by_driver.get(change.driver, ()),
             driver_version=_driver_version(dp, self.new, self.cluster, self.node, change.driver),
             node_labels=self.labels,
             attach_errors=errors,
@@ -597,7 +606,7 @@ class _Evaluation:
                 capacity = [e for e in ctx.attach_errors or () if e.error_class is AttachErrorClass.CAPACITY]
                 if capacity:
                     basis = "resource-exhausted"
-                elif any(a.covers(c.driver, final, self.now) for a in self.approvals):
+                elif any(a.covers(c.driver, final, self.now) for a in self.approvals_by_driver.get(c.driver, ())):
                     basis = "justification"
                 if basis:
                     correction = Correction(at=self.now, before=c.old, after=final, basis=basis)
@@ -664,6 +673,7 @@ class _Evaluation:
         if invalid is not None:
             return invalid
         changes = diff_drivers(self.old, self.new)
+        self._index_approvals()
         for change in changes:
             self._judge(change)
         if self.mode is Mode.VALIDATE:
