@@ -177,14 +177,23 @@ def _driver_version(dp: DriverPolicy, obj: CSINode, cluster: ClusterView, node: 
     raw = obj.annotations.get(source.annotation)
     if not raw:
         return None
-    value = _published_versions(raw).get(driver)
+    value = (_published_versions if len(raw) <= MAX_REMEMBERED_ANNOTATION else _decode_versions)(raw).get(driver)
     return value if isinstance(value, str) and value else None
+
+
+MAX_REMEMBERED_ANNOTATION = 1024
+"""Characters of a driver-versions annotation remembered at most (longer ones are decoded every time, so that
+the cache holds at most 1024 x 1 KB; a few drivers need some 30 characters each)."""
 
 
 @functools.lru_cache(maxsize=1024)
 def _published_versions(raw: str) -> Mapping[str, Any]:
     """The driver-versions annotation decoded (empty when it is not a JSON object); remembered per value, as
     every write of a node carries the same one. Read-only: the result is shared."""
+    return _decode_versions(raw)
+
+
+def _decode_versions(raw: str) -> Mapping[str, Any]:
     try:
         versions = json.loads(raw)
     except (ValueError, RecursionError):  # JSONDecodeError, or an integer over 4300 digits
