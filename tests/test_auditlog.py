@@ -237,3 +237,132 @@ def test_rotated_siblings(tmp_path: Path) -> None:
 )
 def test_times_for_since_and_until(text: str, expected: datetime) -> None:
     assert parse_when(text, datetime(2026, 11, 30, 12, 0, tzinfo=UTC)) == expected
+
+
+# -- the timeline's picture, read back pixel by pixel -------------------------------------------------------------
+
+
+def _mask(png: Path, color: str, tolerance: int = 30) -> Any:
+    """Boolean (rows, columns) array: where the PNG's pixels have ``color`` (#rrggbb)."""
+    import numpy as np  # noqa: PLC0415 - matplotlib's dependency, like PIL
+    from PIL import Image  # noqa: PLC0415
+
+    pixels = np.asarray(Image.open(png).convert("RGB")).astype(int)
+    rgb = np.array([int(color[i:i + 2], 16) for i in (1, 3, 5)])
+    return (np.abs(pixels - rgb) <= tolerance).all(axis=2)
+
+
+def _plot_area(png: Path) -> tuple[slice, slice]:
+    """(rows, columns) inside the axes' frame: between the dark spines that run across most of the picture."""
+    dark = _mask(png, "#000000", tolerance=90)
+    height, width = dark.shape
+    columns = [c for c in range(width) if _longest_run(dark[:, c]) > 0.4 * height]
+    rows = [r for r in range(height) if _longest_run(dark[r]) > 0.4 * width]
+    assert len(columns) >= 2 and len(rows) >= 2, (columns, rows)
+    return slice(min(rows) + 2, max(rows) - 1), slice(min(columns) + 2, max(columns) - 1)
+
+
+def _longest_run(column: Any) -> int:
+    best = run = 0
+    for on in column:
+        run = run + 1 if on else 0
+        best = max(best, run)
+    return best
+
+
+def _centres(columns: list[int]) -> list[int]:
+    """The middle column of each group of adjacent columns."""
+    groups: list[list[int]] = []
+    for c in columns:
+        if groups and c - groups[-1][-1] <= 2:
+            groups[-1].append(c)
+        else:
+            groups.append([c])
+    return [g[len(g) // 2] for g in groups]
+
+
+def _write_log(path: Path, node_writes: list[tuple[float, int]]) -> list[str]:
+    """A guard audit log of kubelet writes of EBS on NODE (minutes after T0, count); returns the decisions."""
+    policy = load_policy()
+    keys = StateKeys([b"k" * 32])
+    cluster = StaticClusterView()
+    stored = kubelet_update(base_csinode(), EBS, 25)
+    lines: list[str] = []
+    decisions = []
+    for i, (minutes, count) in enumerate(node_writes):
+        now = T0 + timedelta(minutes=minutes)
+        outcome = admit_write(stored, kubelet_update(stored, EBS, count), policy=policy, cluster=cluster, keys=keys,
+                              now=now, uid=f"uid-{i}", username=KUBELET, groups=tuple(NODE_GROUPS))
+        for mode, decision in ((Mode.MUTATE, outcome.mutate), (Mode.VALIDATE, outcome.validate)):
+            if decision is not None and outcome.request is not None:
+                lines += [json.dumps(r) for r in build_records(decision, outcome.request, endpoint=mode, now=now,
+                                                                policy_hash=policy.hash, policy_generation=1,
+                                                                latency_seconds=0.001)]
+        decisions.append(outcome.decision.value)
+        assert outcome.stored is not None
+        stored = outcome.stored
+    path.write_text("\n".join(lines) + "\n")
+    return decisions
+
+
+STORED = "#1f5fa8"  # the stored-count line (webhook.auditlog.STORED_COLOR)
+DENY = "#c62828"
+
+
+def test_one_write_of_2147483647_leaves_the_real_counts_readable(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    decisions = _write_log(log, [(0, 24), (5, 20), (10, 2147483647), (15, 15), (25, 18)])
+    assert decisions[2] in ("clamp", "deny")  # the implausible write is never stored as it is
+    out = tmp_path / "timeline.png"
+    result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("off the scale, marked at the top edge: 2147483647"), result.stdout
+
+    inside = _plot_area(out)
+    stored = _mask(out, STORED)[inside]
+    height = stored.shape[0]
+    rows = [r for r in range(height) if stored[r].sum() >= 3]
+    # The stored count goes 25 -> 24 -> 20 -> 15 -> 18: a tenth of 25..15 must be many pixel rows apart, not one.
+    assert rows, "no stored-count line in the picture"
+    assert max(rows) - min(rows) >= 0.15 * height, (min(rows), max(rows), height)
+    # The outlier is marked above every real count (at the top edge of the plot), not far off the picture.
+    marker = _mask(out, "#e08a00" if decisions[2] == "clamp" else DENY)[inside]
+    marker_rows = [r for r in range(height) if marker[r].sum() >= 2]
+    assert marker_rows and min(marker_rows) < min(rows) - 0.1 * height, (marker_rows[:3], min(rows))
+
+
+def test_on_replay_output_the_stored_count_never_steps_at_a_denial(tmp_path: Path) -> None:
+    """A Metadata-level write (no objects) changed 4 -> 20 unseen; the next judged write, denied, starts at 20.
+    The line must not jump up at that denial: the unseen change is a dashed join, the denial leaves it flat."""
+    from tests.test_replay import csinode, event  # noqa: PLC0415
+
+    node = "ip-10-0-1-23.ec2.internal"
+    apiserver_log = tmp_path / "kube-apiserver-audit.log"
+    events = [
+        event("create", 0, request=csinode(10), response=csinode(10), code=201),
+        event("update", 90, request=csinode(4), response=csinode(4)),
+        event("update", 180, level="Metadata"),
+        event("update", 270, request=csinode(20), response=csinode(20)),
+        event("update", 360, request=csinode(30), response=csinode(20), user="kubernetes-admin", code=403),
+        event("update", 450, request=csinode(35), response=csinode(20), user="kubernetes-admin", code=403),
+    ]
+    apiserver_log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    guard_log = tmp_path / "guard-audit.log"
+    replayed = subprocess.run([sys.executable, "-m", "webhook", "replay", "--audit-log", str(apiserver_log),
+                               "--guard-audit-out", str(guard_log), "--format", "json"],
+                              capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
+    assert replayed.returncode == 0, replayed.stderr
+    rows = [(e["old"], e["new"], e["decision"]) for e in json.loads(replayed.stdout)["events"]]
+    assert rows == [(10, 4, "allow"), (20, 30, "deny"), (20, 35, "deny")]
+    out = tmp_path / "timeline.png"
+    result = cli("timeline", str(guard_log), "--node", node, "--driver", EBS, "--output", str(out))
+    assert result.returncode == 0, result.stderr
+
+    inside = _plot_area(out)
+    stored, deny = _mask(out, STORED)[inside], _mask(out, DENY)[inside]
+    width = stored.shape[1]
+    steps = [c for c in range(width) if _longest_run(stored[:, c]) > 10]  # a vertical stretch of the line
+    denials = _centres([c for c in range(width) if deny[:, c].sum() >= 2])
+    assert len(denials) >= 2, denials
+    assert steps, "the stored count's first step (10 -> 4) is not in the picture"
+    assert all(abs(s - d) > 8 for s in steps for d in denials), (steps, denials)

@@ -160,7 +160,7 @@ def broken(change: str, value: Any) -> dict[str, Any]:
         pytest.param(
             broken("spec|rules|change-rate", {"minInterval": "1m30"}),
             "$.spec.rules.change-rate.minInterval",
-            "'1m30' does not match",
+            "'1m30' is not a duration like 30s, 15m or 2h (or a number of seconds)",
             id="a duration without a unit",
         ),
         pytest.param(
@@ -183,7 +183,7 @@ def broken(change: str, value: Any) -> dict[str, Any]:
         ),
         pytest.param(
             broken("spec|drivers", {EBS: {"ceiling": {"max": -1}}}),
-            f"$.spec.drivers.{EBS}.ceiling.max",
+            f"$.spec.drivers['{EBS}'].ceiling.max",
             "-1 is less than the minimum of 0",
             id="a negative ceiling",
         ),
@@ -202,7 +202,7 @@ def broken(change: str, value: Any) -> dict[str, Any]:
         pytest.param(
             broken("spec|writers", {"serviceAccounts": ["kube-system:csi-controller"]}),
             "$.spec.writers.serviceAccounts[0]",
-            "does not match",
+            "'kube-system:csi-controller' is not a service account written as namespace/name",
             id="a service account not written as namespace slash name",
         ),
         pytest.param(
@@ -225,13 +225,25 @@ def broken(change: str, value: Any) -> dict[str, Any]:
         ),
         pytest.param(
             broken("spec|drivers", {EBS: {"minVersion": "1.2.3-01"}}),
-            f"$.spec.drivers.{EBS}.minVersion",
+            f"$.spec.drivers['{EBS}'].minVersion",
             "not a semantic version: '1.2.3-01'",
             id="a min version that is not a semantic version",
         ),
         pytest.param(
+            broken("spec|drivers", {EBS: {"minVersion": "latest"}}),
+            f"$.spec.drivers['{EBS}'].minVersion",
+            "'latest' is not a version like v1.30.0 or 1.30",
+            id="a min version that is not a version at all",
+        ),
+        pytest.param(
+            broken("spec|drivers", {EBS: {"ceiling": {"profile": "EBS_Profile"}}}),
+            f"$.spec.drivers['{EBS}'].ceiling.profile",
+            "'EBS_Profile' is not a profile name",
+            id="a profile name with capitals",
+        ),
+        pytest.param(
             broken("spec|drivers", {EBS: {"ceiling": {"profile": "no-such-profile"}}}),
-            f"$.spec.drivers.{EBS}.ceiling.profile",
+            f"$.spec.drivers['{EBS}'].ceiling.profile",
             "driver profile 'no-such-profile' not found",
             id="a driver profile that does not exist",
         ),

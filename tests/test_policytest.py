@@ -183,9 +183,32 @@ def test_validate_reports_file_path_and_constraint(tmp_path: Path) -> None:
     result = cli("policy", "validate", str(broken), "policies/default.yaml")
     assert result.returncode == 1
     lines = result.stdout.splitlines()
-    assert lines[0].startswith(f"{broken}: invalid: at $.spec.rules.change-rate.minInterval: 'fast' does not match")
+    assert lines[0] == (f"{broken}: invalid: at $.spec.rules.change-rate.minInterval: 'fast' is not a duration "
+                        "like 30s, 15m or 2h (or a number of seconds)")
     assert lines[1].startswith("policies/default.yaml: ok (GuardPolicy 'default', hash ")
     assert "1 invalid file" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "path"),
+    [
+        pytest.param("ceiling", {"max": "27"}, "$.spec.drivers['ebs.csi.aws.com'].ceiling.max",
+                     id="schema violation under a dotted driver name"),
+        pytest.param("ceiling", {"max": 27, "values": {"m6i.large": 39}},
+                     "$.spec.drivers['ebs.csi.aws.com'].ceiling.values['m6i.large']",
+                     id="a dotted value name under a dotted driver name"),
+        pytest.param("minVersion", "1.2.3-01", "$.spec.drivers['ebs.csi.aws.com'].minVersion",
+                     id="a semantic check under a dotted driver name"),
+    ],
+)
+def test_validate_writes_paths_through_dotted_names_with_brackets(tmp_path: Path, setting: str, value: Any,
+                                                                  path: str) -> None:
+    doc = yaml.safe_load(DEFAULT.read_text())
+    doc["spec"]["drivers"][EBS] = {setting: value}
+    broken = write_yaml(tmp_path / "dotted.yaml", doc)
+    result = cli("policy", "validate", str(broken))
+    assert result.returncode == 1
+    assert result.stdout.startswith(f"{broken}: invalid: at {path}: "), result.stdout
 
 
 def test_validate_a_directory_tells_policies_profiles_and_tests_apart() -> None:

@@ -136,7 +136,8 @@ def test_a_second_register_updates_both_in_place_with_their_resource_version(
     assert [o["metadata"]["uid"] for o in second] == [o["metadata"]["uid"] for o in first]
     assert [ca_bundle(o) for o in second] == [(cert_dir / "ca-bundle.crt").read_bytes()] * 2
     assert [o["webhooks"] for o in second] == [o["webhooks"] for o in expected(cert_dir)]
-    assert second[0]["metadata"]["labels"] == {"app.kubernetes.io/name": "csinode-guard", "team": "storage"}
+    assert second[0]["metadata"]["labels"] == {"app.kubernetes.io/name": "csinode-guard",
+                                           "app.kubernetes.io/component": "admission-webhooks", "team": "storage"}
     assert second[0]["metadata"]["annotations"] == {"a": "b"}
 
 

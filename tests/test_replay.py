@@ -89,6 +89,58 @@ def test_replay_reports_what_the_guard_would_have_done_per_event_and_in_summary(
     assert f"replay: {LOG}:17: not JSON" in result.stderr
 
 
+def test_the_summary_accounts_for_every_audit_event_and_says_it_lists_only_the_busiest_minutes() -> None:
+    result = cli("--audit-log", str(LOG), "--format", "json")
+    s = json.loads(result.stdout)["summary"]
+    assert s["clusterFacts"] == {"nodes": 1, "csidrivers": 1, "volumeattachments": 1}
+    skipped = s["skipped"]
+    accounted = (skipped["otherResources"] + skipped["otherStages"] + skipped["reads"] + s["csinodeWrites"]
+                 + sum(s["clusterFacts"].values()))
+    assert s["auditEvents"] == accounted == 15
+    assert s["changesPerMinute"]["busiestShown"] == 5
+    text = cli("--audit-log", str(LOG)).stdout
+    assert "cluster facts: 1 nodes, 1 csidrivers, 1 volumeattachments events" in text
+    assert "busiest minutes (top 5 only):" in text
+
+
+@pytest.mark.parametrize("second", ["the same path", "a gzipped copy"])
+def test_a_log_given_twice_is_counted_once(tmp_path: Path, second: str) -> None:
+    once = json.loads(cli("--audit-log", str(LOG), "--format", "json").stdout)
+    again = LOG
+    if second == "a gzipped copy":
+        again = tmp_path / "copy.log.gz"
+        again.write_bytes(gzip.compress(LOG.read_bytes()))
+    result = cli("--audit-log", str(LOG), "--audit-log", str(again), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    twice = json.loads(result.stdout)
+    assert rows_of(twice["events"]) == rows_of(once["events"]) == [tuple(e) for e in EXPECTED]
+    for key in ("auditEvents", "csinodeWrites", "judged", "changes", "byDecision", "byRule", "clusterFacts",
+                "skipped", "notJudgeable", "topNodes"):
+        assert twice["summary"][key] == once["summary"][key], key
+    assert twice["summary"]["duplicateEvents"] == (15 if second == "a gzipped copy" else 0)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [pytest.param("garbage\n{\"broken\n\u00ff\u00fe\n", id="garbage"),
+     pytest.param("<html>404 Not Found</html>\n", id="an error page instead of the log")],
+)
+def test_a_file_with_nothing_judgeable_and_bad_lines_exits_non_zero(tmp_path: Path, content: str) -> None:
+    path = tmp_path / "audit.log"
+    path.write_text(content)
+    for fmt in ("table", "json"):
+        result = cli("--audit-log", str(path), "--format", fmt)
+        assert result.returncode == 2, (fmt, result.stdout, result.stderr)
+        assert "nothing could be judged" in result.stderr
+
+
+def test_a_log_without_csinode_writes_and_without_bad_lines_exits_zero(tmp_path: Path) -> None:
+    path = tmp_path / "audit.log"
+    path.write_bytes(LOG.read_bytes().splitlines(keepends=True)[0])  # a pod read: nothing to judge, nothing bad
+    result = cli("--audit-log", str(path))
+    assert result.returncode == 0, result.stderr
+
+
 def test_the_cluster_facts_come_from_the_log() -> None:
     """m6i.large from the Node object, ResourceExhausted from the VolumeAttachment: the ceiling is the
     instance type's, and the 23 -> 20 decrease is a correction (hence count-rollback at 02:03:20)."""

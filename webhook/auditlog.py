@@ -13,6 +13,7 @@ Everything here is pure apart from reading files; :func:`render_timeline` import
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import heapq
 import importlib
@@ -353,7 +354,11 @@ def summarize(records: Iterable[LogRecord]) -> AuditSummary:
 
 @dataclass(frozen=True)
 class TimelinePoint:
-    """One write of the entry: requested ``new`` and admitted ``final`` (None = unbounded), how it was decided."""
+    """One write of the entry: requested ``new`` and admitted ``final`` (None = unbounded), how it was decided.
+
+    ``refused``: the write was not stored — denied (or invalid) at /mutate, or denied at /validate after its
+    /mutate record (the same request uid); the stored count stays ``old``.
+    """
 
     time: datetime
     old: int | None
@@ -365,6 +370,20 @@ class TimelinePoint:
     frozen: bool
     correction: str | None
     endpoint: str
+    uid: str | None = None
+    refused: bool = False
+
+    @property
+    def stored_after(self) -> int | None:
+        """The count stored after this write (``old`` when refused)."""
+        return self.old if self.refused else self.final
+
+
+INT32_MAX = 2147483647
+"""kubelet cuts a driver's reported limit above int32 to this value: never a real count, always off the scale."""
+OFF_SCALE_FACTOR = 10
+"""A count above this many times the median of the entry's counts (and above the median + 50) is off the scale."""
+MAX_OFF_SCALE_LABELS = 30
 
 
 def _count_value(value: Any) -> int | None:
@@ -372,29 +391,102 @@ def _count_value(value: Any) -> int | None:
 
 
 def build_timeline(records: Iterable[LogRecord], node: str, driver: str) -> list[TimelinePoint]:
-    """The writes of (``node``, ``driver``) in time order: every /mutate record and /validate denials."""
+    """The writes of (``node``, ``driver``) in time order: every /mutate record and /validate denials.
+
+    A /mutate record whose request was then denied at /validate (same uid) is marked ``refused``.
+    """
     points = []
+    denied_at_validate: set[str] = set()
     for r in records:
         d = r.data
         if d.get("node") != node or d.get("driver") != driver:
             continue
         endpoint = str(d.get("endpoint"))
-        if endpoint == "validate" and d.get("decision") != "deny":
+        decision = str(d.get("decision"))
+        if endpoint == "validate" and decision != "deny":
             continue
+        uid = str(d["uid"]) if d.get("uid") else None
+        if endpoint == "validate" and uid is not None:
+            denied_at_validate.add(uid)
         points.append(TimelinePoint(
             time=r.time,
             old=_count_value(d.get("old")),
             new=_count_value(d.get("new")),
             final=_count_value(d.get("final")),
-            decision=str(d.get("decision")),
+            decision=decision,
             rules=tuple(r.fired()),
             dry_run=bool(d.get("dryRun")),
             frozen=bool(d.get("frozen")),
             correction=str(d["correction"]) if d.get("correction") else None,
             endpoint=endpoint,
+            uid=uid,
+            refused=decision in ("deny", "invalid"),
         ))
+    points = [dataclasses.replace(p, refused=True) if p.endpoint == "mutate" and p.uid in denied_at_validate
+              else p for p in points]
     points.sort(key=lambda p: p.time)
     return points
+
+
+def scale_top(values: Sequence[int]) -> int:
+    """The largest count drawn to scale: the largest of ``values`` that is not off the scale.
+
+    Off the scale: 2147483647 (kubelet's cut of anything above int32), and any count above
+    ``OFF_SCALE_FACTOR`` times the median and above the median + 50 — one implausible write must not squash
+    the real counts against the axis. At least 1.
+    """
+    if not values:
+        return 1
+    ordered = sorted(values)
+    median = ordered[len(ordered) // 2]
+    limit = max(OFF_SCALE_FACTOR * median, median + 50)
+    return max((v for v in ordered if v <= limit and v != INT32_MAX), default=max(1, min(median, limit)))
+
+
+@dataclass(frozen=True)
+class TimelineScale:
+    """Where counts go on the y axis: to scale up to ``top``, then one band for counts off the scale, then one for
+    unbounded (no count: +infinity to the scheduler)."""
+
+    top: int
+    off_scale: bool
+    unbounded: bool
+
+    @property
+    def off_scale_y(self) -> float:
+        """The y of every count above ``top``: a band just above the scaled part."""
+        return self.top * 1.12 + 1
+
+    @property
+    def unbounded_y(self) -> float:
+        """The y of unbounded, above the off-scale band when there is one."""
+        return (self.off_scale_y if self.off_scale else self.top) + self.top * 0.12 + 1
+
+    @property
+    def y_max(self) -> float:
+        """The top of the axis."""
+        highest = self.unbounded_y if self.unbounded else self.off_scale_y if self.off_scale else self.top
+        return highest * 1.08 + 0.5
+
+    def y(self, value: int | None) -> float:
+        """The y of ``value``."""
+        if value is None:
+            return self.unbounded_y
+        return self.off_scale_y if value > self.top else float(value)
+
+
+def timeline_scale(points: Sequence[TimelinePoint]) -> TimelineScale:
+    """The y scale of ``points`` (see :func:`scale_top`)."""
+    finite = [v for p in points for v in (p.old, p.new, p.final) if v is not None]
+    top = scale_top(finite)
+    return TimelineScale(top=top, off_scale=any(v > top for v in finite),
+                         unbounded=any(v is None for p in points for v in (p.old, p.new, p.final)))
+
+
+def off_scale_counts(points: Sequence[TimelinePoint]) -> list[int]:
+    """The distinct counts of ``points`` drawn off the scale (at the edge, labelled), smallest first."""
+    top = timeline_scale(points).top
+    return sorted({v for p in points for v in (p.old, p.new, p.final) if v is not None and v > top})
 
 
 def _pyplot() -> Any:
@@ -408,39 +500,61 @@ def _pyplot() -> Any:
     return importlib.import_module("matplotlib.pyplot")
 
 
-def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, output: Path) -> None:
-    """Draw the count over time (PNG, or any format matplotlib knows by ``output``'s suffix).
+STORED_COLOR = "#1f5fa8"
+"""The stored-count line's colour (nothing else in the picture uses it)."""
+DENY_COLOR = "#c62828"
+"""The colour of denial markers."""
 
-    The stored count is a step line; warnings are marked with a diamond, clamps at the requested value with a
-    line down to the admitted one, denials with a cross at the requested value, freezes (version rollback) with
-    a vertical line, ResourceExhausted or justified corrections with a triangle. Unbounded is drawn above the
-    largest count.
-    Raises :class:`MissingDependencyError` without matplotlib.
-    """
-    plt = _pyplot()
-    finite = [v for p in points for v in (p.old, p.new, p.final) if v is not None]
-    top = max(finite, default=1)
-    unbounded_y = top * 1.15 + 1
 
-    def y(v: int | None) -> float:
-        return unbounded_y if v is None else float(v)
-
-    fig, ax = plt.subplots(figsize=(11, 4.8), dpi=100)
-    stored_t: list[datetime] = []
-    stored_y: list[float] = []
+def _stored_segments(points: Sequence[TimelinePoint], y: Any) -> tuple[
+    list[tuple[list[datetime], list[float]]], list[tuple[datetime, float, datetime, float]]
+]:
+    """The stored count as step segments, and the gaps between them: where a write's ``old`` is not the count
+    stored after the previous record, the change was made by writes the log does not have (not judged, or in a
+    rotated file not given), at an unknown time in between. A refused write never moves the line."""
+    segments: list[tuple[list[datetime], list[float]]] = []
+    gaps: list[tuple[datetime, float, datetime, float]] = []
+    current: tuple[datetime, int | None] | None = None
     for p in points:
         if p.dry_run or p.endpoint != "mutate":
             continue
-        if not stored_t:
-            stored_t.append(p.time)
-            stored_y.append(y(p.old))
-        admitted = p.final if p.decision != "deny" else p.old
-        stored_t.append(p.time)
-        stored_y.append(y(admitted))
-    if stored_t:
-        stored_t.append(points[-1].time)
-        stored_y.append(stored_y[-1])
-        ax.step(stored_t, stored_y, where="post", color="#1f5fa8", linewidth=2, label="stored count")
+        if current is None or p.old != current[1]:
+            if current is not None:
+                gaps.append((current[0], y(current[1]), p.time, y(p.old)))
+            segments.append(([p.time], [y(p.old)]))
+        ts, ys = segments[-1]
+        ts.append(p.time)
+        ys.append(y(p.stored_after))
+        current = (p.time, p.stored_after)
+    if segments and points:
+        segments[-1][0].append(points[-1].time)
+        segments[-1][1].append(segments[-1][1][-1])
+    return segments, gaps
+
+
+def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, output: Path) -> None:
+    """Draw the count over time (PNG, or any format matplotlib knows by ``output``'s suffix).
+
+    The stored count is a step line that moves only at writes that were stored (never at a denial); where the
+    log lacks the writes that changed it, a dashed grey line joins the last known count to the next. Warnings are
+    marked with a diamond, clamps at the requested value with a line down to the admitted one, denials with a
+    cross at the requested value, freezes (version rollback) with a vertical line, ResourceExhausted or
+    justified corrections with a triangle. The y axis is scaled to the plausible counts (:func:`scale_top`):
+    counts off the scale (2147483647, or far above the others) are drawn in a band at the top edge, each labelled
+    with its value; unbounded is drawn above that. The legend sits outside the plot.
+    Raises :class:`MissingDependencyError` without matplotlib.
+    """
+    plt = _pyplot()
+    scale = timeline_scale(points)
+    y = scale.y
+
+    fig, ax = plt.subplots(figsize=(12.5, 4.8), dpi=100)
+    segments, gaps = _stored_segments(points, y)
+    for i, (ts, ys) in enumerate(segments):
+        ax.step(ts, ys, where="post", color=STORED_COLOR, linewidth=2, label="stored count" if i == 0 else None)
+    for i, (t0, y0, t1, y1) in enumerate(gaps):
+        ax.plot([t0, t1], [y0, y1], color="#9e9e9e", linestyle="--", linewidth=1.2,
+                label="changed by writes not in this log" if i == 0 else None)
     marks: dict[str, tuple[list[Any], list[float]]] = {
         "allowed": ([], []), "warn": ([], []), "clamp": ([], []), "deny": ([], []), "dry run": ([], []),
         "correction": ([], []),
@@ -465,10 +579,10 @@ def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, out
             marks["correction"][0].append(p.time)
             marks["correction"][1].append(y(p.final))
     styles = {
-        "allowed": {"marker": "o", "color": "#1f5fa8", "s": 18},
+        "allowed": {"marker": "o", "color": "#4a8fd4", "s": 18},
         "warn": {"marker": "D", "color": "#f2b600", "s": 36},
         "clamp": {"marker": "v", "color": "#e08a00", "s": 60},
-        "deny": {"marker": "x", "color": "#c62828", "s": 60},
+        "deny": {"marker": "x", "color": DENY_COLOR, "s": 60},
         "dry run": {"marker": "o", "facecolors": "none", "edgecolors": "#777777", "s": 40},
         "correction": {"marker": "^", "color": "#2e7d32", "s": 70},
     }
@@ -479,15 +593,27 @@ def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, out
     for i, t in enumerate(freezes):
         ax.axvline(t, color="#6a1b9a", linestyle="--", linewidth=1.2,
                    label="freeze (driver version rollback)" if i == 0 else None)
-    if any(v is None for p in points for v in (p.old, p.new, p.final)):
-        ax.axhline(unbounded_y, color="#999999", linestyle=":", linewidth=1)
-        ax.text(points[0].time, unbounded_y, " unbounded", va="bottom", fontsize=8, color="#555555")
-    ax.set_ylim(bottom=0, top=unbounded_y * 1.08)
+    if scale.off_scale:
+        ax.axhline(scale.off_scale_y, color="#bbbbbb", linestyle=(0, (1, 3)), linewidth=1)
+        ax.text(points[0].time, scale.off_scale_y, f" off the scale (above {scale.top}): ↑ value", va="bottom",
+                fontsize=8, color="#555555")
+        labelled: set[tuple[datetime, int]] = set()
+        for p in points:
+            for v in (p.new, p.final):
+                if v is not None and v > scale.top and (p.time, v) not in labelled:
+                    if len(labelled) < MAX_OFF_SCALE_LABELS:
+                        ax.annotate(f"↑ {v}", (p.time, scale.off_scale_y), xytext=(4, -11),
+                                    textcoords="offset points", fontsize=7, color="#333333")
+                    labelled.add((p.time, v))
+    if scale.unbounded:
+        ax.axhline(scale.unbounded_y, color="#999999", linestyle=":", linewidth=1)
+        ax.text(points[0].time, scale.unbounded_y, " unbounded", va="bottom", fontsize=8, color="#555555")
+    ax.set_ylim(bottom=0, top=scale.y_max)
     ax.set_title(f"{node} / {driver}: allocatable count")
     ax.set_xlabel("time (UTC)")
     ax.set_ylabel("count")
     ax.grid(True, alpha=0.3)
-    ax.legend(loc="best", fontsize=8, ncol=3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
     dates = importlib.import_module("matplotlib.dates")
     ax.xaxis.set_major_formatter(dates.DateFormatter("%Y-%m-%d %H:%M"))
     fig.autofmt_xdate()

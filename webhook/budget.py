@@ -1,4 +1,8 @@
-"""The cluster-wide increase budget of ``change-rate``: a token bucket per replica (thread-safe, no I/O)."""
+"""The cluster-wide increase budget of ``change-rate``: a token bucket per replica (thread-safe, no I/O).
+
+One replica runs several gunicorn worker processes; :class:`webhook.shared_budget.SharedIncreaseBudget` keeps
+this bucket's two numbers in a file the workers share, so the budget is the replica's, not each worker's.
+"""
 
 from __future__ import annotations
 
@@ -29,17 +33,25 @@ class IncreaseBudget:
         self._tokens = min(float(self.burst), self._tokens + elapsed * self.rate)
         self._last = max(self._last, now)
 
+    def _available(self, now: float) -> float:
+        """:meth:`available` for a caller that holds the lock."""
+        self._refill(now)
+        return self._tokens
+
+    def _take(self, n: int, now: float) -> bool:
+        """:meth:`take` for a caller that holds the lock."""
+        self._refill(now)
+        if self._tokens + 1e-9 < n:
+            return False
+        self._tokens -= n
+        return True
+
     def available(self, now: float) -> float:
         """Tokens available at ``now`` (seconds)."""
         with self._lock:
-            self._refill(now)
-            return self._tokens
+            return self._available(now)
 
     def take(self, n: int, now: float) -> bool:
         """Consume ``n`` tokens at ``now`` if available; returns False (consuming nothing) otherwise."""
         with self._lock:
-            self._refill(now)
-            if self._tokens + 1e-9 < n:
-                return False
-            self._tokens -= n
-            return True
+            return self._take(n, now)

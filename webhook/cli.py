@@ -18,7 +18,18 @@ def main() -> None:
 
 
 def _register_commands() -> None:
-    from webhook.commands import audit, certs, evaluate, policy, register, replay, restore, serve  # noqa: PLC0415
+    from webhook.commands import (  # noqa: PLC0415
+        audit,
+        certs,
+        evaluate,
+        policy,
+        preflight,
+        register,
+        replay,
+        restore,
+        serve,
+        status,
+    )
 
     main.add_command(serve.serve)
     main.add_command(evaluate.evaluate_command)
@@ -29,6 +40,8 @@ def _register_commands() -> None:
     main.add_command(register.register)
     main.add_command(register.unregister)
     main.add_command(restore.restore)
+    main.add_command(preflight.preflight)
+    main.add_command(status.status)
 
 
 _register_commands()

@@ -7,6 +7,8 @@ import re
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 DURATION_PATTERN = r"^((\d+(\.\d+)?)(ms|s|m|h|d))+$"
+DURATION_HINT = "a duration like 30s, 15m or 2h"
+"""How errors describe what a duration looks like (never with the regular expression)."""
 MAX_DURATION = 100 * 365 * 86400.0
 """The longest duration a policy may name (100 years, in seconds): longer ones overflow date arithmetic."""
 
@@ -15,7 +17,7 @@ def parse_duration(value: str | float) -> float:
     """Seconds in ``value`` (``"90s"``, ``"15m"``, ``"1h30m"``, ``45``); raises ValueError when malformed,
     negative or longer than ``MAX_DURATION``."""
     if isinstance(value, bool):
-        raise ValueError(f"not a duration: {value!r}")
+        raise ValueError(f"{value!r} is not {DURATION_HINT}")
     if isinstance(value, int | float):
         if not 0 <= value <= MAX_DURATION:
             raise ValueError(f"duration must be from 0 to {MAX_DURATION:.0f} seconds (100 years): {value!r}")
@@ -29,7 +31,7 @@ def parse_duration(value: str | float) -> float:
         total += float(match.group(1)) * _UNITS[match.group(2)]
         pos = match.end()
     if pos != len(text) or not text:
-        raise ValueError(f"not a duration (use e.g. 30s, 15m, 1h30m): {value!r}")
+        raise ValueError(f"{value!r} is not {DURATION_HINT} (or 1h30m, 500ms)")
     if not total <= MAX_DURATION:
         raise ValueError(f"duration must be at most 100 years: {value!r}")
     return total

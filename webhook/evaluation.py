@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import functools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
@@ -141,6 +141,22 @@ def _line(node: str, change: CountChange | None, v: Violation, suffix: str = "")
     else:
         where = f"{node}/{change.driver}: {format_count(change.old)} -> {format_count(change.new)}{suffix}"
     return f"[{v.rule}] {where}: {v.why}; {v.proceed}"
+
+
+def _by_rule_and_change(findings: Iterable[_Finding]) -> list[list[_Finding]]:
+    """``findings`` grouped by (rule, driver of the change), in the order each group first appears."""
+    groups: dict[tuple[str, str | None], list[_Finding]] = {}
+    for f in findings:
+        groups.setdefault((f.violation.rule, f.change.driver if f.change else None), []).append(f)
+    return list(groups.values())
+
+
+def _merged_line(node: str, group: Sequence[_Finding], suffix: str = "") -> str:
+    """One ``[rule] node/driver: old -> new: why; proceed`` line for findings of one rule about one change."""
+    first = group[0]
+    why = "; ".join(dict.fromkeys(f.violation.why for f in group))
+    proceed = "; ".join(dict.fromkeys(f.violation.proceed for f in group))
+    return _line(node, first.change, first.violation._replace(why=why, proceed=proceed), suffix)
 
 
 def _invalid(message: str, code: int = 400) -> AdmissionDecision:
@@ -510,6 +526,33 @@ class _Evaluation:
             )
         return True
 
+    def _denial_lines(self, denied: Sequence[_Finding], finals: Mapping[str, int | None]) -> tuple[
+        list[str], list[str]
+    ]:
+        """(message lines, warnings) of a denial: every rule that found something is named, once per change.
+
+        The message has a line per denying (rule, change), its findings' reasons joined; the warnings a line per
+        other (rule, change) whose finding would show in an admitted answer (clamp, warn), so that an operator
+        who fixes what the denial says is not surprised by the next rule. Dry-run findings stay in the audit
+        record only, as for an admitted write.
+        """
+        lines = [_merged_line(self.node, group) for group in _by_rule_and_change(denied)]
+        if len(lines) > MAX_MESSAGE_LINES:
+            rest = len(lines) - MAX_MESSAGE_LINES
+            lines = [*lines[:MAX_MESSAGE_LINES], f"... and {rest} more violations (the audit log has each)"]
+        named = {(f.violation.rule, f.change.driver if f.change else None) for f in denied}
+        quiet = [f for f in self.findings
+                 if f.effective in (EnforcementAction.CLAMP, EnforcementAction.WARN)
+                 and (f.violation.rule, f.change.driver if f.change else None) not in named]
+        warnings = []
+        for group in _by_rule_and_change(quiet):
+            f = group[0]
+            final = finals.get(f.change.driver) if f.change is not None else None
+            clamps = f.effective is EnforcementAction.CLAMP and f.change is not None and final != f.change.new
+            suffix = f" (would be clamped to {format_count(final)})" if clamps else ""
+            warnings.append(_merged_line(self.node, group, suffix))
+        return lines, warnings
+
     def _settle_moot_denials(self, finals: Mapping[str, int | None]) -> None:
         """A denial that only forbids any rise (change-rate, a freeze) is moot when clamps already keep the old
         count: the write then becomes a clamp that changes nothing — one request per period instead of kubelet's
@@ -696,15 +739,13 @@ class _Evaluation:
         problem = self.decoded.problem
         detail = self.decoded.detail
         if denied:
-            lines = [_line(self.node, f.change, f.violation) for f in denied[:MAX_MESSAGE_LINES]]
-            if len(denied) > MAX_MESSAGE_LINES:
-                lines.append(f"... and {len(denied) - MAX_MESSAGE_LINES} more violations (the audit log has each)")
+            lines, others = self._denial_lines(denied, finals)
             response = AdmissionResponse(
                 allowed=False,
                 status_code=403,
                 reason="Forbidden",
                 message="\n".join(lines),
-                warnings=tuple(self.notes),
+                warnings=(*others, *self.notes),
                 audit_annotations=self._audit_annotations(Decision.DENY),
             )
             outcomes = [ChangeOutcome(c, c.old, self.contexts[c.driver].driver_version) for c in changes]

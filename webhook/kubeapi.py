@@ -1,4 +1,5 @@
-"""The Kubernetes API calls of the operator commands (``register``, ``unregister``, ``restore``).
+"""The Kubernetes API calls of the operator commands (``register``, ``unregister``, ``restore``, ``preflight``,
+``status``).
 
 A request is a plain value (:class:`ApiRequest`: method, path, query, JSON body) built by pure functions; a
 :class:`KubeClient` only sends it, through a ``kubernetes.client.ApiClient``, which supplies what the cluster
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+import orjson
 import urllib3
 
 from webhook import __version__
@@ -36,26 +38,30 @@ DEFAULT_TIMEOUT: Final = (5.0, 30.0)
 
 @dataclass(frozen=True)
 class ApiResource:
-    """One cluster-scoped API resource: ``group`` ("" for core), ``version``, ``plural`` and its ``kind``."""
+    """One API resource: ``group`` ("" for core), ``version``, ``plural``, its ``kind``, and ``namespaced``."""
 
     group: str
     version: str
     plural: str
     kind: str
+    namespaced: bool = False
 
     @property
     def api_version(self) -> str:
         """``v1`` or ``group/version``."""
         return f"{self.group}/{self.version}" if self.group else self.version
 
-    def collection_path(self) -> str:
-        """``/apis/<group>/<version>/<plural>`` (``/api/v1/<plural>`` for the core group)."""
+    def collection_path(self, namespace: str | None = None) -> str:
+        """``/apis/<group>/<version>/<plural>`` (``/api/v1/<plural>`` for the core group); with ``namespace``
+        (namespaced resources only) ``.../namespaces/<namespace>/<plural>``; without it, all namespaces."""
         prefix = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if namespace is not None and self.namespaced:
+            return f"{prefix}/namespaces/{namespace}/{self.plural}"
         return f"{prefix}/{self.plural}"
 
-    def object_path(self, name: str) -> str:
-        """The path of the object ``name``."""
-        return f"{self.collection_path()}/{name}"
+    def object_path(self, name: str, namespace: str | None = None) -> str:
+        """The path of the object ``name`` (in ``namespace`` for a namespaced resource)."""
+        return f"{self.collection_path(namespace)}/{name}"
 
     def describe(self, name: str) -> str:
         """``<plural>.<group>/<name>``, the way kubectl names an object in its output."""
@@ -69,6 +75,20 @@ MUTATING_WEBHOOK_CONFIGURATIONS: Final = ApiResource(
 VALIDATING_WEBHOOK_CONFIGURATIONS: Final = ApiResource(
     "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "ValidatingWebhookConfiguration"
 )
+NODES: Final = ApiResource("", "v1", "nodes", "Node")
+PODS: Final = ApiResource("", "v1", "pods", "Pod", namespaced=True)
+SECRETS: Final = ApiResource("", "v1", "secrets", "Secret", namespaced=True)
+CSIDRIVERS: Final = ApiResource("storage.k8s.io", "v1", "csidrivers", "CSIDriver")
+VOLUMEATTACHMENTS: Final = ApiResource("storage.k8s.io", "v1", "volumeattachments", "VolumeAttachment")
+DEPLOYMENTS: Final = ApiResource("apps", "v1", "deployments", "Deployment", namespaced=True)
+VALIDATING_ADMISSION_POLICIES: Final = ApiResource(
+    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy"
+)
+METADATA_ONLY: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+"""``Accept`` of a LIST that needs only ``metadata`` (names, labels): the apiserver answers with a
+PartialObjectMetadataList, without ``spec`` and ``status`` (a Node's images and conditions, several KB each)."""
+LIST_PAGE_SIZE: Final = 500
+"""Objects per LIST page (``limit``); the apiserver hands out a ``continue`` token for the rest."""
 RESOURCES_BY_KIND: Final[Mapping[str, ApiResource]] = {
     r.kind: r for r in (CSINODES, MUTATING_WEBHOOK_CONFIGURATIONS, VALIDATING_WEBHOOK_CONFIGURATIONS)
 }
@@ -82,6 +102,7 @@ class ApiRequest:
     path: str
     query: tuple[tuple[str, str], ...] = ()
     body: Mapping[str, Any] | None = None
+    accept: str = "application/json"
 
 
 def _write_query(dry_run: bool, field_manager: str | None) -> tuple[tuple[str, str], ...]:
@@ -93,9 +114,32 @@ def _write_query(dry_run: bool, field_manager: str | None) -> tuple[tuple[str, s
     return tuple(query)
 
 
-def get_request(resource: ApiResource, name: str) -> ApiRequest:
+def get_request(resource: ApiResource, name: str, namespace: str | None = None) -> ApiRequest:
     """GET one object."""
-    return ApiRequest("GET", resource.object_path(name))
+    return ApiRequest("GET", resource.object_path(name, namespace))
+
+
+def list_request(
+    resource: ApiResource,
+    *,
+    namespace: str | None = None,
+    label_selector: str | None = None,
+    field_selector: str | None = None,
+    limit: int = LIST_PAGE_SIZE,
+    continue_token: str | None = None,
+    metadata_only: bool = False,
+) -> ApiRequest:
+    """One page of a LIST (``limit`` objects; ``continue_token`` from the previous page's ``metadata.continue``);
+    ``metadata_only`` asks for each object's ``metadata`` alone (:data:`METADATA_ONLY`)."""
+    query: list[tuple[str, str]] = [("limit", str(limit))]
+    if label_selector:
+        query.append(("labelSelector", label_selector))
+    if field_selector:
+        query.append(("fieldSelector", field_selector))
+    if continue_token:
+        query.append(("continue", continue_token))
+    return ApiRequest("GET", resource.collection_path(namespace), tuple(query),
+                      accept=METADATA_ONLY if metadata_only else "application/json")
 
 
 def create_request(
@@ -262,7 +306,7 @@ class KubeClient:
     def send(self, request: ApiRequest) -> JSON:
         """Send ``request``; the decoded JSON answer. Raises :class:`KubeApiError` for an error status and
         :class:`ApiUnreachableError` when no answer came."""
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": request.accept}
         if request.body is not None:
             headers["Content-Type"] = "application/json"
         method, url, header_params, body, post_params = self._api.param_serialize(
@@ -291,16 +335,44 @@ class KubeClient:
         if not 200 <= response.status <= 299:
             raise parse_status(int(response.status), raw)
         try:
-            decoded = json.loads(raw) if raw else {}
+            decoded = orjson.loads(raw) if raw else {}
         except ValueError as exc:
             raise KubeApiError(int(response.status), "", f"not a JSON answer: {exc}") from None
         if not isinstance(decoded, dict):
             raise KubeApiError(int(response.status), "", "not a JSON object")
         return decoded
 
-    def get(self, resource: ApiResource, name: str) -> JSON:
+    def get(self, resource: ApiResource, name: str, namespace: str | None = None) -> JSON:
         """The object ``name``; :class:`KubeApiError` with ``not_found`` when absent."""
-        return self.send(get_request(resource, name))
+        return self.send(get_request(resource, name, namespace))
+
+    def get_path(self, path: str) -> JSON:
+        """GET a non-resource path such as ``/version``; its JSON answer."""
+        return self.send(ApiRequest("GET", path))
+
+    def list_all(
+        self,
+        resource: ApiResource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        limit: int = LIST_PAGE_SIZE,
+        metadata_only: bool = False,
+    ) -> list[JSON]:
+        """Every object of ``resource`` (in ``namespace``, or all), read in pages of ``limit``: one LIST, never a
+        call per object; ``metadata_only``: only each object's ``metadata``. Raises :class:`KubeApiError` (a
+        ``410 Gone`` when the continue token expired mid-list)."""
+        items: list[JSON] = []
+        token: str | None = None
+        while True:
+            page = self.send(list_request(resource, namespace=namespace, label_selector=label_selector,
+                                          field_selector=field_selector, limit=limit, continue_token=token,
+                                          metadata_only=metadata_only))
+            items.extend(i for i in page.get("items") or [] if isinstance(i, dict))
+            token = str((page.get("metadata") or {}).get("continue") or "") or None
+            if token is None:
+                return items
 
     def create(
         self, resource: ApiResource, obj: Mapping[str, Any], *, dry_run: bool = False, field_manager: str | None = None

@@ -7,11 +7,13 @@ Label values are bounded: endpoints, decisions, rule ids, enforcement actions, H
 sets, and drivers — never node names. A driver name comes from the request, so it labels a series only when the
 policy names it or the cluster has a CSIDriver of that name (:func:`driver_label`); any other name counts under
 ``other``, and at most :data:`MAX_DRIVER_LABELS` names ever label a series in one process.
+The policy metrics are the master's (:mod:`webhook.policy_metrics`): one series per live policy, once per replica.
 """
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -22,6 +24,9 @@ from prometheus_client import Counter, Gauge, Histogram
 from webhook.evaluation import AdmissionDecision, Decision
 from webhook.flushlock import flush_lock
 from webhook.policy import EnforcementAction
+from webhook.state import STATE_ANNOTATION, StateProblem
+
+log = logging.getLogger("csinode_guard.state")
 
 REQUESTS = Counter(
     "csinode_guard_requests",
@@ -41,11 +46,12 @@ LATENCY = Histogram(
 )
 STATE_FAILURES = Counter(
     "csinode_guard_state_verification_failures",
-    "State annotations that were present but unusable (bad signature, other object, malformed).",
+    "Reviews whose state annotation was not used, by reason: missing (no state yet: normal for an entry's first "
+    "judged write), bad-signature, other-object, malformed, unsupported-version.",
     ["reason"],
 )
 FREEZES = Counter(
-    "csinode_guard_frozen_entries",
+    "csinode_guard_freezes",
     "Entries whose increases were frozen after a driver version rollback.",
     ["driver"],
 )
@@ -91,23 +97,6 @@ AUDIT_ORPHANED = Counter(
     "csinode_guard_audit_records_orphaned",
     "Records written to an audit file that had been deleted (written again to the new file).",
 )
-POLICY_INFO = Gauge(
-    "csinode_guard_policy_info",
-    "The policy in force: 1 for its hash, 0 for earlier ones.",
-    ["hash", "name"],
-    multiprocess_mode="max",
-)
-POLICY_GENERATION = Gauge(
-    "csinode_guard_policy_generation",
-    "Generation of the policy in force (1 at start, +1 per successful reload).",
-    multiprocess_mode="max",
-)
-POLICY_RELOADS = Counter(
-    "csinode_guard_policy_reloads",
-    "Policy reload attempts by result (success|invalid).",
-    ["result"],
-)
-
 
 OTHER_DRIVER = "other"
 """The driver label of every driver the policy does not name and the cluster has no CSIDriver for."""
@@ -238,11 +227,20 @@ def count_client_fault(reason: str) -> None:
     _child(CLIENT_FAULTS, reason).inc()
 
 
+def _log_state_problem(endpoint: str, decision: AdmissionDecision) -> None:
+    # One warning per AdmissionReview whose state annotation was present but not used. It names the CSINode and
+    # why (``DecodedState.detail``), never the annotation's value, its signature or a key.
+    log.warning("/%s: state annotation %s of CSINode %s not used (%s: %s); its entries are judged as new",
+                endpoint, STATE_ANNOTATION, decision.node, decision.state_problem, decision.state_detail)
+
+
 def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, seconds: float,
                      known_driver: Callable[[str], bool] | None = None) -> None:
     """Record one answered AdmissionReview: request count, latency, rule results, state and freezes.
 
-    Drivers label series only when ``known_driver(name)`` is true (:func:`driver_label`); None: none does."""
+    A state annotation that was not used is counted under its reason (``missing`` too); one that was present but
+    unusable (a bad signature, another object's, malformed) is also logged once, at warning. Drivers label series
+    only when ``known_driver(name)`` is true (:func:`driver_label`); None: none does."""
     keys: list[tuple[Any, tuple[str, ...]]] = [
         (REQUESTS, (endpoint, decision.decision.value, "true" if dry_run else "false"))
     ]
@@ -258,8 +256,10 @@ def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, 
                 change = finals.get(o.driver)
                 if decision.decision is Decision.DENY or (change is not None and change.final == change.change.old):
                     keys.append((DISAGREEMENT, (driver_label(o.driver, known_driver), o.rule)))
-    if decision.state_problem is not None and decision.state_problem.value != "missing":
+    if decision.state_problem is not None:
         keys.append((STATE_FAILURES, (decision.state_problem.value,)))
+        if decision.state_problem is not StateProblem.MISSING:
+            _log_state_problem(endpoint, decision)
     if not dry_run:
         keys += [(FREEZES, (driver_label(c.change.driver, known_driver),)) for c in decision.changes if c.frozen]
     if _PENDING:

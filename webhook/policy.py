@@ -18,7 +18,8 @@ import fnmatch
 import functools
 import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import cache
@@ -30,7 +31,7 @@ import jsonschema
 import yaml
 
 from webhook.cluster import PodVersionSource
-from webhook.durations import parse_duration
+from webhook.durations import DURATION_HINT, DURATION_PATTERN, parse_duration
 from webhook.versions import VersionError, parse_version
 
 RULE_IDS = ("writer-identity", "writer-version", "count-ceiling", "count-rollback", "change-rate")
@@ -367,11 +368,54 @@ def bundled_profiles_dir() -> Path:
     return Path(str(resources.files("webhook").joinpath("policies", "profiles")))
 
 
-def _json_path(parts: Any) -> str:
-    out = "$"
+_PLAIN_MEMBER = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+
+def json_path_member(path: str, key: str | int) -> str:
+    """``path`` extended by one member: ``.rules`` for a plain name, ``[0]`` for an index, and the bracket form
+    ``['ebs.csi.aws.com']`` for any other name (a dotted driver name or label value would otherwise be ambiguous:
+    ``$.spec.drivers.ebs.csi.aws.com.ceiling``). Quotes and backslashes in the name are escaped."""
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    if _PLAIN_MEMBER.fullmatch(key):
+        return f"{path}.{key}"
+    quoted = key.replace("\\", "\\\\").replace("'", "\\'")
+    return f"{path}['{quoted}']"
+
+
+def json_path(parts: Iterable[str | int], start: str = "$") -> str:
+    """The JSON Path of ``parts`` (keys and indexes) below ``start``: ``$.spec.drivers['ebs.csi.aws.com'].ceiling``."""
+    out = start
     for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+        out = json_path_member(out, p)
     return out
+
+
+def describe_schema_error(error: jsonschema.exceptions.ValidationError) -> str:
+    """The constraint a schema violation broke, in words: a malformed duration (not a number), version, service
+    account or profile name says what it should look like, never the raw regular expression (which the JSON log
+    escapes once more); anything else is jsonschema's own message."""
+    number = isinstance(error.instance, int | float) and not isinstance(error.instance, bool)
+    for e in () if number else (error, error.parent):
+        schema = e.schema if e is not None else None
+        if isinstance(schema, Mapping) and (
+            schema.get("pattern") == DURATION_PATTERN
+            or any(isinstance(s, Mapping) and s.get("pattern") == DURATION_PATTERN for s in schema.get("oneOf") or ())
+        ):
+            return f"{error.instance!r} is not {DURATION_HINT} (or a number of seconds)"
+    if error.validator == "pattern" and isinstance(error.validator_value, str):
+        for needle, form in _PATTERN_FORMS:
+            if needle in error.validator_value:
+                return f"{error.instance!r} is not {form}"
+    return str(error.message)
+
+
+_PATTERN_FORMS = (
+    ("(\\.\\d+){0,2}", "a version like v1.30.0 or 1.30"),
+    (")?/[a-z0-9]", "a service account written as namespace/name (kube-system/ebs-csi-controller-sa)"),
+    ("([-.a-z0-9]*[a-z0-9])?$", "a profile name (lower-case letters, digits, '-' and '.')"),
+)
+"""What each pattern of the policy schema (webhook/schema) asks for, in words, by a fragment of the pattern."""
 
 
 def _deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
@@ -490,18 +534,20 @@ def _driver_policy(
         try:
             parse_version(str(min_version))
         except VersionError as exc:
-            raise PolicyError(source, f"{where}.minVersion", str(exc)) from None
+            raise PolicyError(source, json_path_member(where, "minVersion"), str(exc)) from None
     raw_ceiling = settings.get("ceiling") or {}
     profile = None
     if raw_ceiling.get("profile"):
-        profile = _find_profile(raw_ceiling["profile"], policy_dir, source, f"{where}.ceiling.profile")
+        profile = _find_profile(raw_ceiling["profile"], policy_dir, source,
+                                json_path(("ceiling", "profile"), where))
     maximum = raw_ceiling.get("max")
     if maximum is not None:
-        below_max = {"unknown": raw_ceiling.get("unknown")}
-        below_max.update({f"values.{k}": v for k, v in (raw_ceiling.get("values") or {}).items()})
+        below_max: dict[tuple[str, ...], Any] = {("unknown",): raw_ceiling.get("unknown")}
+        below_max.update({("values", k): v for k, v in (raw_ceiling.get("values") or {}).items()})
         for key, value in below_max.items():
             if value is not None and value > maximum:
-                raise PolicyError(source, f"{where}.ceiling.{key}", f"{value} is above ceiling.max {maximum}")
+                raise PolicyError(source, json_path(("ceiling", *key), where),
+                                  f"{value} is above ceiling.max {maximum}")
     ceiling = Ceiling(
         max=raw_ceiling.get("max"),
         node_label=raw_ceiling.get("nodeLabel"),
@@ -532,7 +578,7 @@ def parse_policy(doc: Any, source: str = "<policy>", policy_dir: Path | None = N
         best = jsonschema.exceptions.best_match(errors)
         if best is None:  # pragma: no cover - iter_errors returned errors
             best = errors[0]
-        raise PolicyError(source, _json_path(best.absolute_path), best.message)
+        raise PolicyError(source, json_path(best.absolute_path), describe_schema_error(best))
     spec = doc["spec"]
     base_rules = spec.get("rules") or {}
     defaults = spec.get("defaults") or {}
@@ -549,7 +595,8 @@ def parse_policy(doc: Any, source: str = "<policy>", policy_dir: Path | None = N
         if "ceiling" in override and override["ceiling"] is not None:
             merged["ceiling"] = override["ceiling"]
         rules = _deep_merge(base_rules, override.get("rules") or {})
-        drivers[name] = _driver_policy(name, merged, rules, source, f"$.spec.drivers.{name}", policy_dir)
+        drivers[name] = _driver_policy(name, merged, rules, source, json_path(("spec", "drivers", name)),
+                                       policy_dir)
     default_driver = _driver_policy("*", defaults, base_rules, source, "$.spec.defaults", policy_dir)
     scope = (spec.get("enforcementScope") or {}).get("nodeSelector")
     evidence = spec.get("evidence") or {}

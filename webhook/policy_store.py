@@ -10,7 +10,7 @@ Generation numbers are shared by the processes of one server. Every gunicorn wor
 reloads on its own; a worker that starts (or is restarted) after a reload loads the new policy first. With a
 per-process counter that worker would call the new policy generation 1 while its siblings call it 2, so audit
 records and /readyz of one server would disagree. A :class:`GenerationLedger` (a small file of hash ->
-generation, appended under ``flock``) gives every process the same number for the same policy version: the
+generation, appended under a POSIX record lock) gives every process the same number for the same policy version: the
 first store of a server creates it in a fresh temporary directory and exports its location in
 ``CSINODE_GUARD_POLICY_LEDGER_DIR``, so the workers forked after it (gunicorn's master builds a store before it
 forks) share it. When no file can be created, each process counts on its own (and says so in the log).
@@ -30,11 +30,29 @@ import tempfile
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from webhook.policy import Policy, PolicyError, bundled_policy_path, load_policy
 
 log = logging.getLogger("csinode_guard.policy")
+
+
+@dataclass(frozen=True)
+class PolicyFileProblem:
+    """The policy file as it is now is refused: ``since`` is the file's modification time (Unix seconds, the
+    same in every process of a server), ``error`` the refusal (file, path, constraint); ``generation`` is the
+    last good policy's, which keeps serving."""
+
+    path: Path
+    since: float
+    error: str
+    generation: int
+
+    def describe(self) -> str:
+        """One line for /readyz: "policy file P invalid since T, serving generation N: error"."""
+        stamp = datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return f"policy file {self.path} invalid since {stamp}, serving generation {self.generation}: {self.error}"
 
 
 @dataclass(frozen=True)
@@ -90,7 +108,8 @@ class GenerationLedger:
                 return self._next(self._entries, policy_hash)
             try:
                 with self.path.open("a+", encoding="utf-8") as f:
-                    fcntl.flock(f, fcntl.LOCK_EX)
+                    # A POSIX record lock, not flock: a worker forked while the master holds it does not inherit it.
+                    fcntl.lockf(f, fcntl.LOCK_EX)
                     f.seek(0)
                     entries = []
                     for line in f:
@@ -150,11 +169,17 @@ class PolicyStore:
         self._snapshot = PolicySnapshot(policy, self._ledger.generation_for(policy.hash))
         self._stop = threading.Event()
         self._missing_reported = False
+        self._problem: PolicyFileProblem | None = None
         self._thread: threading.Thread | None = None
 
     def current(self) -> PolicySnapshot:
         """The snapshot in force (cheap; safe from any thread)."""
         return self._snapshot
+
+    def problem(self) -> PolicyFileProblem | None:
+        """Why the policy file on disk is not the policy in force, or None while it is (a reload is refused,
+        the last good policy serves, and the next start would refuse the file: operators must see it)."""
+        return self._problem
 
     def check(self) -> str | None:
         """Reload when the file changed: returns "success", "invalid", or None when nothing changed."""
@@ -176,6 +201,7 @@ class PolicyStore:
         try:
             policy = load_policy(self.path)
         except PolicyError as exc:
+            self._problem = PolicyFileProblem(self.path, fingerprint[3] / 1e9, str(exc), self._snapshot.generation)
             log.error(
                 "policy reload refused; the last good policy (generation %d, hash %s) keeps serving: %s",
                 self._snapshot.generation, self._snapshot.policy.hash, exc,
@@ -185,6 +211,7 @@ class PolicyStore:
                 self._on_reload("invalid", self._snapshot)
             return "invalid"
         generation = self._ledger.generation_for(policy.hash)
+        self._problem = None  # the file is valid again (a fix, or a rollback to the policy in force)
         if policy.hash == self._snapshot.policy.hash and generation == self._snapshot.generation:
             return None
         self._snapshot = PolicySnapshot(policy, generation)

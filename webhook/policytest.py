@@ -80,7 +80,16 @@ from webhook.csinode import INT32_MAX
 from webhook.durations import DURATION_PATTERN, format_duration, parse_duration
 from webhook.evaluation import explain
 from webhook.justification import JUSTIFICATION_ANNOTATION
-from webhook.policy import RULE_IDS, STATE_INTEGRITY, Policy, PolicyError, load_policy, load_yaml
+from webhook.policy import (
+    RULE_IDS,
+    STATE_INTEGRITY,
+    Policy,
+    PolicyError,
+    describe_schema_error,
+    json_path,
+    load_policy,
+    load_yaml,
+)
 from webhook.state import STATE_ANNOTATION, StateKeys, decode_state, format_time, parse_time
 
 API_VERSION = "csinode-guard.io/v1alpha1"
@@ -357,13 +366,6 @@ def totals(results: Sequence[FileResult]) -> Totals:
 # -- loading --------------------------------------------------------------------------------------------------
 
 
-def _json_path(parts: Sequence[Any]) -> str:
-    out = "$"
-    for p in parts:
-        out += f"[{p}]" if isinstance(p, int) else f".{p}"
-    return out
-
-
 def load_test_file(path: Path) -> dict[str, Any]:
     """Read and validate a ``kind: PolicyTest`` file; raises :class:`PolicyTestError` naming the broken spot."""
     try:
@@ -380,7 +382,7 @@ def load_test_file(path: Path) -> dict[str, Any]:
     errors = list(validator.iter_errors(doc))
     if errors:
         best = jsonschema.exceptions.best_match(errors) or errors[0]
-        raise PolicyTestError(str(path), _json_path(list(best.absolute_path)), best.message)
+        raise PolicyTestError(str(path), json_path(best.absolute_path), describe_schema_error(best))
     assert isinstance(doc, dict)
     return doc
 
@@ -511,7 +513,7 @@ class _Case:
         self.objects: dict[str, dict[str, Any] | None] = {}
         for node, raw in (doc.get("nodes") or {}).items():
             spec = raw or {}
-            self._apply_node_facts(node, spec, start, f"{where}.nodes.{node}")
+            self._apply_node_facts(node, spec, start, json_path(("nodes", node), where))
             if not spec.get("exists", True):
                 self.objects[node] = None
                 continue

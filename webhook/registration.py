@@ -54,7 +54,15 @@ SERVICE_NAME: Final = "csinode-guard"
 SERVICE_NAMESPACE: Final = "csinode-guard"
 SERVICE_PORT: Final = 443
 
-LABELS: Final[Mapping[str, str]] = {"app.kubernetes.io/name": "csinode-guard"}
+WEBHOOK_COMPONENT: Final = "admission-webhooks"
+"""``app.kubernetes.io/component`` of both configurations, and of no other object in ``deploy/``: the documented
+install applies everything else first (``kubectl apply -k deploy/ -l app.kubernetes.io/component!=admission-webhooks``)
+and the configurations last, once the guard is ready, so that no write is refused on the way in."""
+
+LABELS: Final[Mapping[str, str]] = {
+    "app.kubernetes.io/name": "csinode-guard",
+    "app.kubernetes.io/component": WEBHOOK_COMPONENT,
+}
 """Labels on both configurations (``unregister`` finds them by name, not by label)."""
 
 GUARD_ANNOTATIONS: Final = (STATE_ANNOTATION, JUSTIFICATION_ANNOTATION)

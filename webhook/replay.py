@@ -23,11 +23,17 @@ What it needs from the log:
   event, as for a guard whose cache has not synced. A ``pod`` version source is not replayed (no pod events).
 
 Order: audit backends write an event when its stage completes, so ``requestReceivedTimestamp`` order differs from
-line order by up to the longest request. Files are sorted by their first event's time, and within the stream a
-**bounded reorder buffer** (a heap) holds the relevant events until the newest time seen is ``reorder_window``
-seconds past them (default 5 min; at most ``max_buffered`` events). An event older than one already replayed is
-replayed at once and counted as late. This keeps memory bounded by the window, not the file, which an external
-sort would not need but which would cost a second pass and temporary disk the size of the log.
+line order by up to the longest request. Files are merged line by line in requestReceivedTimestamp order (rotated
+files one after the other, overlapping files interleaved), and within the stream a **bounded reorder buffer** (a
+heap) holds the relevant events until the newest time seen is ``reorder_window`` seconds past them (default 5 min;
+at most ``max_buffered`` events). An event older than one already replayed is replayed at once and counted as late.
+This keeps memory bounded by the window, not the file, which an external sort would not need but which would cost a
+second pass and temporary disk the size of the log.
+
+Duplicates: an event whose auditID and stage were already seen among the last ``max_buffered`` events (the same
+log given twice, a file and its copy, overlapping rotations) is counted as a duplicate and skipped, so nothing is
+judged or counted twice. The summary accounts for every distinct audit event: skipped (other resources, other
+stages, reads), cluster facts (``nodes``, ``csidrivers``, ``volumeattachments`` events), or CSINode writes.
 
 Memory is constant in the size of the log: lines are streamed (gzip included); only the last version of each
 CSINode (without ``managedFields``), the facts per node and driver, and counters per node, driver and minute are
@@ -45,13 +51,14 @@ import heapq
 import itertools
 import json
 import os
+import re
 import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import jsonpatch
 
@@ -69,6 +76,10 @@ INTERESTING = (b"csinodes", b'"nodes"', b"volumeattachments", b"csidrivers")
 JUDGED_STAGES = ("ResponseComplete", "Panic")
 REPLAY_KEY = b"csinode-guard replay state key 0"
 MAX_PROBLEMS_KEPT = 100
+BUSIEST_MINUTES_SHOWN = 5
+"""The summary lists only this many of the minutes with the most changes (the busiest first)."""
+FACT_RESOURCES = ("nodes", "csidrivers", "volumeattachments")
+"""Resources whose events are read as cluster facts (labels, kubelet version, update periods, attach errors)."""
 PROGRESS_EVERY_LINES = 2000
 
 
@@ -147,6 +158,8 @@ class Summary:
     changes: int = 0
     reordered: int = 0
     late: int = 0
+    duplicates: int = 0
+    cluster_facts: Counter[str] = field(default_factory=Counter)
     first_event: str | None = None
     last_event: str | None = None
     by_decision: Counter[str] = field(default_factory=Counter)
@@ -184,16 +197,24 @@ class Summary:
         return out
 
     def minute_stats(self) -> dict[str, Any]:
-        """Changes per minute: the busiest minutes, the peak and the mean over minutes with changes."""
+        """Changes per minute: the peak, the mean over minutes with changes, and only the
+        :data:`BUSIEST_MINUTES_SHOWN` busiest minutes (``busiestShown`` says how many at most)."""
         if not self.per_minute:
-            return {"peak": 0, "meanOverActiveMinutes": 0.0, "activeMinutes": 0, "busiest": []}
-        busiest = sorted(self.per_minute.items(), key=lambda kv: (-kv[1], kv[0]))[:5]
+            return {"peak": 0, "meanOverActiveMinutes": 0.0, "activeMinutes": 0,
+                    "busiestShown": BUSIEST_MINUTES_SHOWN, "busiest": []}
+        busiest = sorted(self.per_minute.items(), key=lambda kv: (-kv[1], kv[0]))[:BUSIEST_MINUTES_SHOWN]
         return {
             "peak": busiest[0][1],
             "meanOverActiveMinutes": round(sum(self.per_minute.values()) / len(self.per_minute), 2),
             "activeMinutes": len(self.per_minute),
+            "busiestShown": BUSIEST_MINUTES_SHOWN,
             "busiest": [{"minute": m, "changes": c} for m, c in busiest],
         }
+
+    def accounted_events(self) -> int:
+        """Audit events the summary puts somewhere: skipped, cluster facts or CSINode writes. Equals ``events``."""
+        return (self.other_resources + self.other_stages + self.reads + self.csinode_writes
+                + sum(self.cluster_facts.values()))
 
     def to_json(self) -> dict[str, Any]:
         """The summary as a JSON object."""
@@ -202,6 +223,7 @@ class Summary:
             "lines": self.lines,
             "badLines": self.bad_lines,
             "auditEvents": self.events,
+            "duplicateEvents": self.duplicates,
             "firstEvent": self.first_event,
             "lastEvent": self.last_event,
             "skipped": {
@@ -210,6 +232,7 @@ class Summary:
                 "otherStages": self.other_stages,
                 "reads": self.reads,
             },
+            "clusterFacts": {resource: self.cluster_facts[resource] for resource in FACT_RESOURCES},
             "csinodeWrites": self.csinode_writes,
             "notJudgeable": {
                 "metadataLevel": self.metadata_level,
@@ -490,16 +513,18 @@ class Replayer:
             self.summary.unreadable += 1
             return
         if resource == "nodes" and not ref.get("apiGroup"):
+            self.summary.cluster_facts["nodes"] += 1
             self._node_facts(event)
-            return
-        if resource == "csidrivers":
+        elif resource == "csidrivers":
+            self.summary.cluster_facts["csidrivers"] += 1
             self._csidriver_facts(event)
-            return
-        if resource == "volumeattachments":
+        elif resource == "volumeattachments":
+            self.summary.cluster_facts["volumeattachments"] += 1
             self._attach_facts(event, now)
-            return
-        if resource == "csinodes" and not ref.get("subresource"):
+        elif resource == "csinodes" and not ref.get("subresource"):
             self._csinode(event, now)
+        else:  # another API group's "nodes", a subresource
+            self.summary.other_resources += 1
 
     def _csinode(self, event: Mapping[str, Any], now: datetime) -> None:
         verb = str(event.get("verb") or "")
@@ -654,6 +679,71 @@ def _interesting(line: bytes) -> bool:
     return any(token in line for token in INTERESTING)
 
 
+_AUDIT_ID = re.compile(rb'"auditID"\s*:\s*"([^"\\]*)"')
+_STAGE = re.compile(rb'"stage"\s*:\s*"([^"\\]*)"')
+_RECEIVED = re.compile(rb'"requestReceivedTimestamp"\s*:\s*"([^"\\]*)"')
+
+
+def _found(pattern: re.Pattern[bytes], line: bytes) -> bytes | None:
+    match = pattern.search(line)
+    return match.group(1) if match else None
+
+
+class _Scanned(NamedTuple):
+    """One audit event line of one file, in the order :func:`heapq.merge` puts the files' lines together.
+
+    ``time``: requestReceivedTimestamp as written ("" when absent); ``key``: a hash of (auditID, stage), None
+    without an auditID; ``event``: the parsed event, or None for a line about a resource of no interest.
+    """
+
+    time: str
+    file: int
+    line: int
+    key: int | None = None
+    source: str = ""
+    event: dict[str, Any] | None = None
+
+    def __lt__(self, other: object) -> bool:  # merge order: time, then file and line
+        if not isinstance(other, _Scanned):
+            return NotImplemented
+        return (self.time, self.file, self.line) < (other.time, other.file, other.line)
+
+
+def _scan(path: Path, index: int, summary: Summary, progress: Progress,
+          problem: Callable[[Problem], None]) -> Iterator[_Scanned]:
+    """The audit event lines of ``path`` (file ``index`` in merge order); other lines are counted or reported.
+
+    A line that mentions no resource of interest is not parsed: its auditID, stage and time are read from the
+    bytes, enough to merge it and to recognise a duplicate.
+    """
+    source = str(path)
+    for lineno, line in iter_lines(path, summary, progress, problem):
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if not _interesting(stripped):
+            if stripped[:1] != b"{" or stripped[-1:] != b"}":
+                problem(Problem(source, lineno, "not a JSON object (truncated or corrupt line)"))
+                continue
+            audit_id, stage = _found(_AUDIT_ID, stripped), _found(_STAGE, stripped)
+            received = _found(_RECEIVED, stripped)
+            key = hash((audit_id, stage)) if audit_id else None
+            yield _Scanned(received.decode("ascii", "replace") if received else "", index, lineno, key, source)
+            continue
+        try:
+            event = json.loads(stripped)
+        except (ValueError, RecursionError) as exc:
+            problem(Problem(source, lineno, f"not JSON ({exc})"))
+            continue
+        if not isinstance(event, dict) or event.get("kind") != "Event":
+            summary.not_audit_events += 1
+            continue
+        audit_id = event.get("auditID")
+        key = hash((str(audit_id).encode(), str(event.get("stage")).encode())) if audit_id else None
+        received = event.get("requestReceivedTimestamp")
+        yield _Scanned(received if isinstance(received, str) else "", index, lineno, key, source, event)
+
+
 def replay(
     paths: Sequence[Path],
     policy: Policy,
@@ -670,6 +760,10 @@ def replay(
 
     Never raises for bad input: unreadable files and lines go to ``on_problem`` and the summary.
     """
+    unique: dict[Path, Path] = {}
+    for p in paths:  # a file given twice is read once
+        unique.setdefault(p.resolve(), p)
+    paths = list(unique.values())
     summary = Summary(files=[str(p) for p in paths])
     progress = progress or Progress()
 
@@ -698,53 +792,50 @@ def replay(
         except ValueError:
             return ""
 
-    for path in order_files(paths):
-        for lineno, line in iter_lines(path, summary, progress, problem):
-            stripped = line.strip()
-            if not stripped:
+    recent: dict[int, None] = {}  # (auditID, stage) of the last events, oldest first
+    scans = [_scan(path, i, summary, progress, problem) for i, path in enumerate(order_files(paths))]
+    for item in heapq.merge(*scans):
+        if item.key is not None:
+            if item.key in recent:
+                summary.duplicates += 1
                 continue
-            if not _interesting(stripped):
-                if stripped[:1] != b"{" or stripped[-1:] != b"}":
-                    problem(Problem(str(path), lineno, "not a JSON object (truncated or corrupt line)"))
-                else:
-                    summary.events += 1
-                    summary.other_resources += 1
-                continue
-            try:
-                event = json.loads(stripped)
-            except (ValueError, RecursionError) as exc:
-                problem(Problem(str(path), lineno, f"not JSON ({exc})"))
-                continue
-            if not isinstance(event, dict) or event.get("kind") != "Event":
-                summary.not_audit_events += 1
-                continue
+            recent[item.key] = None
+            if len(recent) > max_buffered:
+                del recent[next(iter(recent))]
+        event = item.event
+        if event is None:  # a JSON object line about another resource: counted, not parsed
             summary.events += 1
-            if event.get("stage") not in JUDGED_STAGES:
-                summary.other_stages += 1
-                continue
-            ref = event.get("objectRef") or {}
-            if ref.get("resource") not in ("csinodes", "nodes", "volumeattachments", "csidrivers"):
-                summary.other_resources += 1
-                continue
-            when = _event_time(event)
-            if when is None:
-                problem(Problem(str(path), lineno, "audit event without a usable requestReceivedTimestamp"))
-                continue
-            stamp = format_time(when)
-            for key in ("requestObject", "responseObject"):
-                if key in event:
-                    event[key] = _strip(event[key])
-            if summary.first_event is None or stamp < summary.first_event:
-                summary.first_event = stamp
-            if summary.last_event is None or stamp > summary.last_event:
-                summary.last_event = stamp
-            if stamp < newest:
-                summary.reordered += 1
-            newest = max(newest, stamp)
-            heapq.heappush(heap, _Queued(stamp, next(seq), event, str(path), lineno))
-            edge = window_edge()
-            while heap and (heap[0].time <= edge or len(heap) > max_buffered):
-                release(heapq.heappop(heap))
+            summary.other_resources += 1
+            continue
+        if event.get("stage") not in JUDGED_STAGES:
+            summary.events += 1
+            summary.other_stages += 1
+            continue
+        ref = event.get("objectRef") or {}
+        if ref.get("resource") not in ("csinodes", *FACT_RESOURCES):
+            summary.events += 1
+            summary.other_resources += 1
+            continue
+        when = _event_time(event)
+        if when is None:
+            problem(Problem(item.source, item.line, "audit event without a usable requestReceivedTimestamp"))
+            continue
+        summary.events += 1
+        stamp = format_time(when)
+        for key in ("requestObject", "responseObject"):
+            if key in event:
+                event[key] = _strip(event[key])
+        if summary.first_event is None or stamp < summary.first_event:
+            summary.first_event = stamp
+        if summary.last_event is None or stamp > summary.last_event:
+            summary.last_event = stamp
+        if stamp < newest:
+            summary.reordered += 1
+        newest = max(newest, stamp)
+        heapq.heappush(heap, _Queued(stamp, next(seq), event, item.source, item.line))
+        edge = window_edge()
+        while heap and (heap[0].time <= edge or len(heap) > max_buffered):
+            release(heapq.heappop(heap))
     while heap:
         release(heapq.heappop(heap))
     progress.close()

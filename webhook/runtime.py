@@ -23,12 +23,19 @@ def run(settings: Settings) -> int:
     """
     setup_logging(settings.log_level)
     from webhook import tls  # noqa: PLC0415
+    from webhook.policy_metrics import PolicyCollector  # noqa: PLC0415
     from webhook.policy_store import PolicyStore  # noqa: PLC0415
     from webhook.serving import GuardApplication, gunicorn_options, start_metrics_server  # noqa: PLC0415
+    from webhook.shared_budget import prepare_budget_dir  # noqa: PLC0415
     from webhook.state import StateKeys  # noqa: PLC0415
 
+    policy_metrics = PolicyCollector()
     try:
-        initial = PolicyStore(settings.policy, interval=0).current()
+        # The master's own store: it checks the policy before any worker starts, and from when_ready on it
+        # watches the file for the policy metrics (once per replica; webhook.policy_metrics).
+        master_store = PolicyStore(settings.policy, interval=settings.policy_reload_interval,
+                                   on_reload=policy_metrics.on_reload)
+        initial = master_store.current()
     except PolicyError as exc:
         log.error("policy refused, not starting: %s", exc)
         return 2
@@ -59,6 +66,7 @@ def run(settings: Settings) -> int:
         return 2
     for problem in tls.certificate_problems(cert_file):
         log.error("serving certificate problem: %s", problem)
+    budget_dir = prepare_budget_dir()  # before the fork: the workers share the cluster increase budget
     log.info(
         "csinode-guard serving https://%s:%d (policy %s, hash %s; certificates in %s; audit log %s)",
         settings.host, settings.port, initial.policy.source, initial.policy.hash, settings.cert_dir,
@@ -66,13 +74,15 @@ def run(settings: Settings) -> int:
     )
 
     def when_ready(_server: Any) -> None:
-        start_metrics_server(settings.metrics_port, cert_file)
+        policy_metrics.store = master_store
+        master_store.start()
+        start_metrics_server(settings.metrics_port, cert_file, [policy_metrics])
 
     def ssl_hook(_conf: Any, _default: Any) -> Any:
         return ssl_source.context()
 
     def app_factory() -> Any:
-        return build_worker_app(settings, keys, cert_file)
+        return build_worker_app(settings, keys, cert_file, budget_dir)
 
     options = gunicorn_options(settings, cert_file, key_file, ssl_hook, when_ready)
     GuardApplication(settings, app_factory, options).run()
@@ -102,7 +112,7 @@ def _check_port_free(port: int) -> None:
             raise OSError(f"metrics port {port} is not free: {exc.strerror or exc}") from None
 
 
-def build_worker_app(settings: Settings, keys: Any, cert_file: Any) -> Any:
+def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: Any = None) -> Any:
     """Build one worker's Flask app: policy store (hot reload), cluster view, audit writer, metrics."""
     setup_logging(settings.log_level)
     from webhook import metrics, tls  # noqa: PLC0415
@@ -110,18 +120,15 @@ def build_worker_app(settings: Settings, keys: Any, cert_file: Any) -> Any:
     from webhook.policy_store import PolicySnapshot, PolicyStore  # noqa: PLC0415
     from webhook.server import Runtime, create_app  # noqa: PLC0415
 
-    previous: dict[str, str] = {}
     policy_listeners: list[Any] = []  # told of every new policy (the cluster view's pod version sources)
 
     def on_reload(result: str, snapshot: PolicySnapshot) -> None:
-        metrics.POLICY_RELOADS.labels(result).inc()
+        # Reloads are counted and the policy metrics published by the master (webhook.policy_metrics).
         if result == "success":
-            _publish_policy(snapshot, previous)
             for listener in policy_listeners:
                 listener(snapshot.policy)
 
     store = PolicyStore(settings.policy, interval=settings.policy_reload_interval, on_reload=on_reload)
-    _publish_policy(store.current(), previous)
     cluster, readiness, on_policy, observe_count = build_cluster(settings, store.current().policy)
     if on_policy is not None:
         policy_listeners.append(on_policy)
@@ -156,6 +163,7 @@ def build_worker_app(settings: Settings, keys: Any, cert_file: Any) -> Any:
         observe_count=observe_count,
         known_driver=_known_driver(store, cluster),
         require_client_cert=settings.client_ca is not None,
+        budget_dir=budget_dir,
     )
     return create_app(runtime)
 
@@ -170,18 +178,6 @@ def _known_driver(store: Any, cluster: Any) -> Any:
         return bool(has_csidriver(driver)) if has_csidriver is not None else False
 
     return known
-
-
-def _publish_policy(snapshot: Any, previous: dict[str, str]) -> None:
-    from webhook import metrics  # noqa: PLC0415
-
-    old = previous.get("hash")
-    if old and old != snapshot.policy.hash:
-        metrics.POLICY_INFO.labels(old, previous.get("name", "")).set(0)
-    metrics.POLICY_INFO.labels(snapshot.policy.hash, snapshot.policy.name).set(1)
-    metrics.POLICY_GENERATION.set(snapshot.generation)
-    previous["hash"] = snapshot.policy.hash
-    previous["name"] = snapshot.policy.name
 
 
 def build_cluster(settings: Settings, policy: Any) -> tuple[Any, Any, Any, Any]:

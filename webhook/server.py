@@ -39,6 +39,7 @@ from webhook.review import (
     peek_uid,
 )
 from webhook.serving import ClientTooSlowError
+from webhook.shared_budget import SharedIncreaseBudget
 from webhook.state import StateKeys
 
 log = logging.getLogger("csinode_guard.server")
@@ -82,15 +83,25 @@ class Runtime:
             return self.known_driver(driver)
         return driver in self.policies.current().policy.drivers
     cert_file: Path | None = None
+    budget_dir: Path | None = None
+    """Where the replica's workers share the cluster increase budget (``webhook.shared_budget``); None keeps it
+    in this process."""
     _budget: tuple[str, IncreaseBudget | None] = ("", None)
     _connections: weakref.WeakKeyDictionary[Any, list[float]] = field(default_factory=weakref.WeakKeyDictionary)
 
     def budget_for(self, policy: Policy) -> IncreaseBudget | None:
-        """The cluster-wide increase budget for ``policy`` (kept across requests, rebuilt on a new policy)."""
+        """The cluster-wide increase budget for ``policy`` (kept across requests, rebuilt on a new policy; shared by
+        the replica's workers through ``budget_dir``, one file per policy hash)."""
         key, bucket = self._budget
         if key != policy.hash:
             cfg = policy.cluster_budget
-            bucket = IncreaseBudget(cfg.increases_per_second, cfg.burst) if cfg else None
+            if cfg is None:
+                bucket = None
+            elif self.budget_dir is not None:
+                path = self.budget_dir / f"budget-{policy.hash}.bin"
+                bucket = SharedIncreaseBudget(cfg.increases_per_second, cfg.burst, path)
+            else:
+                bucket = IncreaseBudget(cfg.increases_per_second, cfg.burst)
             self._budget = (policy.hash, bucket)
         return bucket
 
@@ -119,7 +130,8 @@ def _error(code: int, message: str) -> Response:
     metrics.count_bad_request(code)
     response = _json({"error": message, "code": code}, code)
     if code == 413:
-        # The body was not read: close rather than let the server drain it to keep the connection alive.
+        # The rest of the body is not read after the answer: close rather than let the server drain it to keep
+        # the connection alive.
         response.headers["Connection"] = "close"
     return response
 
@@ -164,6 +176,44 @@ def _client_fault(fault: ClientFaultError) -> Response:
     return response
 
 
+MAX_DRAIN_BYTES = 8 * 1024 * 1024
+"""Bytes of a refused (413) body read and discarded before the answer, so that a client that sends its whole body
+before it reads (kube-apiserver's HTTP client) reads the 413 instead of a connection reset: closing a TCP
+connection with unread data makes the kernel send RST, and the client's unread answer is lost. A body declared
+longer than this is not drained (answered at once and closed). Reads stop at the client read deadline
+(:mod:`webhook.serving`), so a stalled client holds the thread no longer than any other request."""
+
+
+DRAIN_IDLE_SECONDS = 1.0
+"""A client that sends nothing for this long while its refused body is drained gets the 413 at once."""
+
+
+def _drain_body() -> None:
+    """Read and discard the rest of the request body, at most ``MAX_DRAIN_BYTES`` in all (see there)."""
+    length = request.content_length
+    if length is not None and length > MAX_DRAIN_BYTES:
+        return
+    stream = request.environ["wsgi.input"]
+    sock = request.environ.get("gunicorn.socket")
+    if sock is not None and hasattr(sock, "settimeout"):
+        sock.settimeout(DRAIN_IDLE_SECONDS)  # within the request deadline (webhook.serving.DeadlineSSLSocket)
+    left = MAX_DRAIN_BYTES
+    try:
+        while left > 0:
+            chunk = stream.read(min(65536, left))
+            if not chunk:
+                return
+            left -= len(chunk)
+    except (OSError, ValueError) as exc:  # a stalled or broken client: the connection is closed anyway
+        log.info("stopped draining a refused body of %s bytes: %s", length if length is not None else "chunked", exc)
+
+
+def _refuse_too_large(message: str) -> Response:
+    """413 for a body over the limit, after draining what the client sends (:func:`_drain_body`)."""
+    _drain_body()
+    return _error(413, message)
+
+
 def _has_client_certificate(sock: Any) -> bool:
     """True when the TLS peer presented a certificate that verified against --client-ca."""
     getpeercert = getattr(sock, "getpeercert", None)
@@ -189,7 +239,7 @@ def _review(mode: Mode) -> Response:
         return _client_fault(fault)
     if body is None:
         size = f"of {request.content_length} bytes " if request.content_length is not None else ""
-        return _error(413, f"body {size}is over the limit of {runtime.max_body_bytes} bytes")
+        return _refuse_too_large(f"body {size}is over the limit of {runtime.max_body_bytes} bytes")
     try:
         review = parse_review(body)
     except ReviewError as exc:
@@ -249,7 +299,7 @@ def _noop() -> Any:
     except ClientFaultError as fault:
         return _client_fault(fault)
     if body is None:
-        return _error(413, f"body is over the limit of {runtime.max_body_bytes} bytes")
+        return _refuse_too_large(f"body is over the limit of {runtime.max_body_bytes} bytes")
     try:
         review = parse_review(body)
     except ReviewError as exc:
@@ -341,19 +391,27 @@ def create_app(runtime: Runtime) -> Flask:
 
     @app.get("/readyz", provide_automatic_options=False)
     def readyz() -> Any:
+        """200 while this worker can judge (status "ok", or "degraded" with problems that do not stop it, such
+        as a refused policy file); 503 "unavailable" otherwise. ``problems`` lists both kinds, one line each."""
         snapshot = runtime.policies.current()
         problems = list(runtime.certificate_problems())
         cluster_ready, cluster_reason = runtime.readiness()
         if not cluster_ready:
             problems.append(f"cluster caches: {cluster_reason}")
         problems += runtime.audit.problems()
+        ready = not problems
+        # A refused policy file does not make the replica unready (the last good policy serves), but it is
+        # reported: the next start would refuse the file.
+        policy_problem = runtime.policies.problem()
+        if policy_problem is not None:
+            problems.append(policy_problem.describe())
         body = {
-            "status": "ok" if not problems else "unavailable",
+            "status": ("ok" if not problems else "degraded") if ready else "unavailable",
             "policy": {"hash": snapshot.policy.hash, "generation": snapshot.generation},
             "cluster": cluster_reason,
             "problems": problems,
         }
-        return _json(body, 200 if not problems else 503)
+        return _json(body, 200 if ready else 503)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Any:

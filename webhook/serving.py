@@ -20,7 +20,7 @@ thread is free again. Writes get the same timeout.
 
 Closing a keep-alive connection: gunicorn drops the ``Connection`` header an application sets, so
 :func:`honour_connection_close` turns the app's ``Connection: close`` into gunicorn's own close (used for
-``--connection-max-age`` and for 413 answers, whose unread body is then not drained).
+``--connection-max-age`` and for 413 answers, whose body the app has drained up to a bound).
 """
 
 from __future__ import annotations
@@ -366,11 +366,12 @@ class LockedMultiProcessCollector:
             return list(self.collector.collect())
 
 
-def start_metrics_server(port: int, cert_file: Path | None = None) -> None:
+def start_metrics_server(port: int, cert_file: Path | None = None, collectors: Iterable[Any] = ()) -> None:
     """Serve the merged multiprocess metrics on plain HTTP ``port`` from a daemon thread (0 disables).
 
     With ``cert_file``, the serving certificate's expiry is collected at scrape time
-    (:class:`CertificateExpiryCollector`).
+    (:class:`CertificateExpiryCollector`); ``collectors`` (the master's own, such as the policy metrics) are
+    registered next to the merged view.
     """
     if port <= 0:
         return
@@ -386,6 +387,8 @@ def start_metrics_server(port: int, cert_file: Path | None = None) -> None:
         registry = REGISTRY
     if cert_file is not None:
         registry.register(CertificateExpiryCollector(cert_file))
+    for collector in collectors:
+        registry.register(collector)
     start_http_server(port, registry=registry)
     log.info("metrics on http://0.0.0.0:%d/metrics", port)
 

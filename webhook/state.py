@@ -337,3 +337,33 @@ def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a signed state with a field of a wrong type
         return DecodedState(None, StateProblem.MALFORMED, f"bad field: {exc}")
     return DecodedState(GuardState(uid=uid, entries=entries, approvals=approvals))
+
+
+def read_state_unverified(value: str | None, uid: str) -> DecodedState:
+    """Decode an annotation value for the object ``uid`` *without* checking its signature. Never raises.
+
+    For read-only views when no state key is at hand (``csinode-guard status`` without ``--state-key-file``):
+    the result says what the annotation claims, which an editor of the CSINode could have forged. The guard
+    itself never uses it. Problems are reported as in :func:`decode_state`, except ``BAD_SIGNATURE``.
+    """
+    if value is None or value == "":
+        return _MISSING
+    try:
+        doc = json.loads(value)
+    except (ValueError, RecursionError) as exc:
+        return DecodedState(None, StateProblem.MALFORMED, f"not JSON: {exc}")
+    if not isinstance(doc, dict):
+        return DecodedState(None, StateProblem.MALFORMED, "not a state document")
+    if doc.get("v") != FORMAT_VERSION:
+        return DecodedState(None, StateProblem.UNSUPPORTED_VERSION, f"format version {doc.get('v')!r}")
+    if doc.get("uid") != uid or not uid:
+        return DecodedState(None, StateProblem.OTHER_OBJECT, "state was recorded for another object")
+    try:
+        drivers = doc.get("drivers") or {}
+        if not isinstance(drivers, dict):
+            raise ValueError("drivers must be an object")
+        entries = {str(k): _decode_entry(v) for k, v in drivers.items()}
+        approvals = tuple(_decode_approval(a) for a in doc.get("approvals") or [])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        return DecodedState(None, StateProblem.MALFORMED, f"bad field: {exc}")
+    return DecodedState(GuardState(uid=uid, entries=entries, approvals=approvals))

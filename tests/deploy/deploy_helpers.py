@@ -13,7 +13,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
-OVERLAYS = ("default", "cert-manager", "monitoring")
+OVERLAYS = ("default", "cert-manager", "monitoring", "vap")
 KUSTOMIZATIONS = ("base", *(f"overlays/{name}" for name in OVERLAYS))
 TOOLS_DIR = Path(os.environ.get("CSINODE_GUARD_TOOLS_DIR", "~/.cache/csinode-guard/tools/bin")).expanduser()
 KUBERNETES_VERSIONS = ("1.34", "1.35", "1.36")

@@ -18,11 +18,12 @@ GUARD_METRICS = {
     "csinode_guard_request_duration_seconds",
     "csinode_guard_state_verification_failures_total",
     "csinode_guard_serving_certificate_expiry_timestamp_seconds",
-    "csinode_guard_frozen_entries_total",
+    "csinode_guard_freezes_total",
     "csinode_guard_cache_synced",
     "csinode_guard_cache_staleness_seconds",
     "csinode_guard_persistent_disagreement_total",
     "csinode_guard_internal_errors_total",
+    "csinode_guard_policy_file_invalid",
 }
 """The metric names the server exports (issue 6's list); alerts may use no other csinode_guard_ name."""
 
@@ -142,7 +143,7 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
     (
         "CSINodeGuardEntriesFrozen",
         "10m",
-        [_series("csinode_guard_frozen_entries_total", f'{POD}, driver="ebs.csi.aws.com"', "0 0 0 1 1 1 1 1 1 1 1")],
+        [_series("csinode_guard_freezes_total", f'{POD}, driver="ebs.csi.aws.com"', "0 0 0 1 1 1 1 1 1 1 1")],
         [{"severity": "warning", "namespace": "csinode-guard", "driver": "ebs.csi.aws.com"}],
     ),
     (
@@ -173,6 +174,18 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
         "CSINodeGuardInternalErrors",
         "10m",
         [_series("csinode_guard_internal_errors_total", POD, "3x10")],
+        [],
+    ),
+    (
+        "CSINodeGuardPolicyFileInvalid",
+        "10m",
+        [_series("csinode_guard_policy_file_invalid", POD, "0 0 1x10")],
+        [{"severity": "critical", "namespace": "csinode-guard", "pod": "csinode-guard-7d9f-abcde"}],
+    ),
+    (
+        "CSINodeGuardPolicyFileInvalid",
+        "10m",
+        [_series("csinode_guard_policy_file_invalid", POD, "0 0 1 1 0x10")],
         [],
     ),
     (

@@ -37,6 +37,8 @@ CLUSTER_SCOPED = {
     "ClusterRoleBinding",
     "MutatingWebhookConfiguration",
     "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
 }
 
 
@@ -393,3 +395,14 @@ def test_the_documented_policy_override_replaces_the_configmap(kubectl: str, tmp
     assert configmap["data"] == {"policy.yaml": policy}
     volumes = {v["name"]: v for v in _pod_spec(objects)["volumes"]}
     assert volumes["policy"]["configMap"]["name"] == configmap["metadata"]["name"]
+
+
+def test_the_vap_overlay_ships_what_policy_export_builds_from_the_default_policy(rendered: dict[str, Objects]) -> None:
+    from webhook.policy import load_policy  # noqa: PLC0415
+    from webhook.vap import build_vap_objects, export_vap  # noqa: PLC0415
+
+    shipped = (DEPLOY / "overlays" / "vap" / "floor.yaml").read_text("utf-8")
+    policy = load_policy(REPO / "policies" / "default.yaml")
+    regenerate = "csinode-guard policy export --format vap -f deploy/overlays/vap/floor.yaml"
+    assert shipped == export_vap(policy), f"regenerate it: {regenerate}"
+    assert rendered["overlays/vap"] == build_vap_objects(policy)

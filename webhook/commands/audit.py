@@ -18,6 +18,7 @@ from webhook.auditlog import (
     ReadStats,
     RecordFilter,
     build_timeline,
+    off_scale_counts,
     parse_when,
     query,
     read_records,
@@ -185,6 +186,9 @@ def timeline_command(logs: tuple[Path, ...], node: str, driver: str, output: Pat
                      until: str | None, no_rotated: bool) -> None:
     """Draw one entry's count over time with clamps, denials, corrections and freezes marked (incident review).
 
+    The y axis fits the plausible counts: 2147483647 and counts far above the others are drawn at the top edge
+    and labelled with their value (the output line lists them).
+
     Needs matplotlib: pip install 'csinode-guard[timeline]'.
     """
     flt = RecordFilter(since=_when(since, "--since"), until=_when(until, "--until"))
@@ -200,5 +204,7 @@ def timeline_command(logs: tuple[Path, ...], node: str, driver: str, output: Pat
     counts: dict[str, int] = {}
     for p in points:
         counts[p.decision] = counts.get(p.decision, 0) + 1
+    off_scale = off_scale_counts(points)
+    edge = f"; off the scale, marked at the top edge: {', '.join(map(str, off_scale))}" if off_scale else ""
     click.echo(f"{output}: {len(points)} writes ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}), "
-               f"{sum(1 for p in points if p.frozen)} freeze(s)")
+               f"{sum(1 for p in points if p.frozen)} freeze(s){edge}")

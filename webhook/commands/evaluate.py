@@ -56,8 +56,10 @@ def _keys(path: Path | None) -> tuple[StateKeys, str]:
               help="YAML with node labels, driver versions, periods, attach errors (see webhook/facts.py).")
 def evaluate_command(review_file: BinaryIO, policy: Path | None, now_text: str | None, endpoint: str,
                      state_key_file: Path | None, cluster_facts: Path | None) -> None:
-    """Print the AdmissionReview response for REVIEW and one line per rule explaining its outcome.
+    """Print the AdmissionReview response for REVIEW, and one line per rule explaining its outcome.
 
+    Standard output carries only the response (JSON, so ``evaluate ... | jq`` works); the explanation lines
+    (``# decision: ...``, one per rule, the patch) go to standard error.
     Exit code 0 when the write is allowed, 1 when denied, 2 for unusable input (review, policy, facts, key).
     ``--now`` without a UTC offset is taken as UTC.
     """
@@ -86,9 +88,9 @@ def evaluate_command(review_file: BinaryIO, policy: Path | None, now_text: str |
     document = build_response(request.uid, decision.response, allow_patch=mode is Mode.MUTATE)
     click.echo(json.dumps(document, indent=2))
     click.echo(f"# decision: {decision.decision.value} (policy {loaded.source}, hash {loaded.hash}, "
-               f"at {now.isoformat()}, state key: {key_source})", err=False)
+               f"at {now.isoformat()}, state key: {key_source})", err=True)
     for line in explain(decision):
-        click.echo(f"# {line}")
+        click.echo(f"# {line}", err=True)
     if decision.response.patch:
-        click.echo("# patch: " + json.dumps(list(decision.response.patch)))
+        click.echo("# patch: " + json.dumps(list(decision.response.patch)), err=True)
     sys.exit(0 if decision.response.allowed else 1)

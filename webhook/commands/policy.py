@@ -21,11 +21,12 @@ from webhook.policytest import (
     run_test_file,
     totals,
 )
+from webhook.vap import VAP_NAME, export_vap
 
 
 @click.group("policy")
 def policy() -> None:
-    """Check policies before they reach a cluster: validate files, run policy tests."""
+    """Check policies before they reach a cluster: validate files, run policy tests, export a CEL floor."""
 
 
 def _kind(path: Path) -> str | None:
@@ -111,3 +112,33 @@ def test(paths: tuple[Path, ...], policy_path: Path | None, output: str, output_
                    + (f", {t.errors} could not run" if t.errors else ""), err=True)
     if t.failed or t.errors:
         sys.exit(1)
+
+
+@policy.command("export")
+@click.option("--format", "export_format", type=click.Choice(["vap"]), required=True,
+              help="vap: a ValidatingAdmissionPolicy + ValidatingAdmissionPolicyBinding "
+              "(admissionregistration.k8s.io/v1) enforcing the history-free part of the policy.")
+@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The policy to export (default: the bundled default policy).")
+@click.option("--name", default=VAP_NAME, show_default=True, help="metadata.name of both objects.")
+@click.option("--output-file", "-f", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the YAML here instead of standard output.")
+def export(export_format: str, policy_path: Path | None, name: str, output_file: Path | None) -> None:
+    """Export the policy's history-free rules as objects the apiserver enforces itself.
+
+    The ValidatingAdmissionPolicy refuses, per driver the policy enforces: a bounded count becoming unbounded,
+    an increase to 2147483647, an increase above the driver's highest possible ceiling, an increase larger than
+    maxStepUp, and count changes by anyone but the node's kubelet or the policy's writers. It holds while the
+    guard is down or unregistered; registrations, removals, CREATE and DELETE always pass. What it cannot
+    express is listed in a comment at the top. Apply with kubectl apply -f, or deploy/overlays/vap.
+    """
+    del export_format  # one format so far
+    try:
+        loaded = load_policy(policy_path)
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from None
+    text = export_vap(loaded, name=name)
+    if output_file is not None:
+        output_file.write_text(text, "utf-8")
+    else:
+        click.echo(text, nl=False)

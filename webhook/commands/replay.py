@@ -14,7 +14,7 @@ import yaml
 from webhook.durations import parse_duration
 from webhook.facts import FactsError, view_from_facts
 from webhook.policy import PolicyError, load_policy, load_yaml
-from webhook.replay import Problem, Progress, Row, Summary, describe_input, replay
+from webhook.replay import FACT_RESOURCES, Problem, Progress, Row, Summary, describe_input, replay
 
 _COLUMNS = (("TIME", 24), ("NODE", 34), ("DRIVER", 24), ("OLD -> NEW", 22), ("FINAL", 9), ("DECISION", 9))
 
@@ -66,6 +66,9 @@ def _table_summary(s: Summary) -> list[str]:
                  "unreadable")
     lines.append(f"  skipped:      {s.other_resources} other resources, {s.other_stages} other stages, "
                  f"{s.reads} reads, {s.not_audit_events} not audit events")
+    facts = ", ".join(f"{s.cluster_facts[r]} {r}" for r in FACT_RESOURCES)
+    lines.append(f"  cluster facts: {facts} events (labels, kubelet versions, update periods, attach errors)")
+    lines.append(f"  duplicates:   {s.duplicates} events seen before (same auditID and stage), skipped")
     lines.append(f"  order:        {s.reordered} events reordered, {s.late} later than the reorder window")
     lines.append(f"  bad lines:    {s.bad_lines}")
     decisions = ", ".join(f"{k} {v}" for k, v in sorted(s.by_decision.items())) or "-"
@@ -85,7 +88,7 @@ def _table_summary(s: Summary) -> list[str]:
                 lines.append(f"    {t['name']:40} {t['changes']:6} changes  ({parts})")
     stats = s.minute_stats()
     lines.append(f"  changes per minute: peak {stats['peak']}, mean {stats['meanOverActiveMinutes']} over "
-                 f"{stats['activeMinutes']} active minutes")
+                 f"{stats['activeMinutes']} active minutes; busiest minutes (top {stats['busiestShown']} only):")
     for b in stats["busiest"]:
         lines.append(f"    {b['minute']}  {b['changes']}")
     if s.problems:
@@ -118,7 +121,10 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
     requestReceivedTimestamp as the clock and its user as the writer, against the previous version rebuilt from
     earlier events. Try a policy against your own cluster's history before enforcing it.
 
-    Lines that are not JSON are reported with their line number on standard error and skipped.
+    Lines that are not JSON are reported with their line number on standard error and skipped. Events seen
+    before (same auditID and stage: a log given twice) are counted once. Exit code 2 when some lines were bad
+    and no write could be judged (not an audit log, or the wrong file), so that a script does not take it for a
+    clean replay.
     """
     try:
         window = parse_duration(reorder_window)
@@ -186,3 +192,7 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
     else:
         for line in _table_summary(summary):
             emit(line)
+    if summary.bad_lines and not summary.judged:
+        click.echo(f"replay: nothing could be judged, and {summary.bad_lines} line(s) were not audit events: "
+                   "is this a kube-apiserver audit log (JSON lines of audit.k8s.io/v1 Event)?", err=True)
+        sys.exit(2)

@@ -1,0 +1,82 @@
+"""``csinode-guard preflight``: the upgrade gate. Reads the cluster (:mod:`webhook.preflight_gather`) and judges
+it (:mod:`webhook.preflight`); exit code 0 / 1 / 2 for OK / WARN / FAIL, 3 when the cluster cannot be read."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from webhook import kubeapi
+from webhook.commands.register import cluster_options
+from webhook.policy import PolicyError, load_policy
+from webhook.preflight import exit_code, format_checks, run_checks
+from webhook.registration import CONFIGURATION_NAME
+
+EXIT_CANNOT_RUN = 3
+
+
+class CannotRunError(click.ClickException):
+    """No cluster to check: exit code 3, apart from the checks' 0/1/2."""
+
+    exit_code = EXIT_CANNOT_RUN
+
+
+@click.command("preflight")
+@click.option("--scheduler-version", metavar="VERSION",
+              help="kube-scheduler's version, for managed control planes that hide its pods (e.g. v1.35.2).")
+@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              envvar="CSINODE_GUARD_POLICY", show_envvar=True,
+              help="The guard's policy, for minVersion and versionSource (default: the bundled default policy).")
+@click.option("--name", "configuration_name", default=CONFIGURATION_NAME, show_default=True,
+              help="metadata.name of the guard's webhook configurations (as given to register --name).")
+@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@cluster_options
+def preflight(
+    *, scheduler_version: str | None, policy_path: Path | None, configuration_name: str, output: str,
+    kubeconfig: str | None, context: str | None,
+) -> None:
+    """Check, per component, that mutable CSINode allocatable counts (KEP-4876) will work, and what to do if not.
+
+    \b
+    kube-apiserver  /version against the version matrix (docs/operations.md), and a server-side dry run
+                    (dryRun=All) of one CSINode's count: does the apiserver accept count changes at all?
+    kubelet         nodes per Node.status.nodeInfo.kubeletVersion: too old, or skewed too far
+    kube-scheduler  its pods in kube-system, or --scheduler-version
+    CSIDriver       nodeAllocatableUpdatePeriodSeconds set; node-plugin versions vs the policy's minVersion
+    guard           webhook configurations present, caBundle verifies the serving certificate (TLS
+                    handshake, else Secret csinode-guard-tls), matchConditions, failurePolicy, ready replicas
+
+    Exit code: 0 all OK, 1 some WARN, 2 some FAIL, 3 the cluster could not be read. Needs get/list on those
+    objects and update on csinodes (the probe is a dry run: nothing is stored).
+    """
+    from kubernetes.config import ConfigException  # noqa: PLC0415 - heavy; only when a cluster is used
+
+    from webhook.preflight_gather import gather_facts  # noqa: PLC0415
+
+    try:
+        policy = load_policy(policy_path)
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        api_client = kubeapi.load_api_client(kubeconfig, context)
+    except kubeapi.ClusterNotConfiguredError as exc:
+        raise CannotRunError(str(exc)) from None
+    except (ConfigException, OSError, ValueError) as exc:
+        raise CannotRunError(f"cannot load the cluster configuration: {exc}") from None
+    try:
+        with kubeapi.KubeClient(api_client) as client:
+            facts = gather_facts(client, policy, now=datetime.now(UTC), scheduler_version=scheduler_version,
+                                 configuration_name=configuration_name)
+    except kubeapi.ApiUnreachableError as exc:
+        raise CannotRunError(f"no answer from the API server: {exc}") from None
+    if facts.server_version is None and facts.errors.get("CSINode"):
+        raise CannotRunError(f"cannot read the cluster: {facts.server_version_error or facts.errors['CSINode']}")
+    checks = run_checks(facts, policy)
+    if output == "json":
+        click.echo(json.dumps({"checks": [c.to_json() for c in checks], "exitCode": exit_code(checks)}, indent=2))
+    else:
+        click.echo(format_checks(checks), nl=False)
+    raise SystemExit(exit_code(checks))

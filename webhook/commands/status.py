@@ -1,0 +1,116 @@
+"""``csinode-guard status``: capacity and usage per (node, driver), from one paged LIST per kind.
+
+The calls live in :mod:`webhook.kubeapi`; the table in :mod:`webhook.capacity` (pure).
+"""
+
+from __future__ import annotations
+
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import click
+import orjson
+
+from webhook import kubeapi
+from webhook.capacity import build_report, format_table, report_json
+from webhook.commands.register import api_failure, cluster_options, connect
+from webhook.durations import parse_duration
+from webhook.policy import PolicyError, load_policy
+from webhook.state import StateKeys
+
+EXIT_NO_CLUSTER = 3
+
+
+class CannotReadError(click.ClickException):
+    """The cluster could not be read: exit code 3."""
+
+    exit_code = EXIT_NO_CLUSTER
+
+
+@click.command("status")
+@click.option("--node", "nodes", multiple=True, metavar="NAME", help="Only this node (repeatable).")
+@click.option("--driver", "drivers", multiple=True, metavar="NAME", help="Only this CSI driver (repeatable).")
+@click.option("--selector", "-l", metavar="SELECTOR",
+              help="Only nodes whose Node labels match this label selector (as kubectl get nodes -l).")
+@click.option("--output", "-o", type=click.Choice(["table", "wide", "json"]), default="table", show_default=True,
+              help="table, wide (adds ceiling reason, writer version, attach errors, pending pods), or json.")
+@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              envvar="CSINODE_GUARD_POLICY", show_envvar=True,
+              help="The guard's policy, for the ceilings (default: the bundled default policy).")
+@click.option("--state-key-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              envvar="CSINODE_GUARD_STATE_KEY_FILE", show_envvar=True,
+              help="The guard's state HMAC key(s), to verify its signed state; without it the state is shown "
+              "as 'unverified'.")
+@click.option("--errors-within", default="1h", show_default=True, metavar="DURATION",
+              help="Attach errors this recent are shown.")
+@cluster_options
+def status(
+    *,
+    nodes: tuple[str, ...],
+    drivers: tuple[str, ...],
+    selector: str | None,
+    output: str,
+    policy_path: Path | None,
+    state_key_file: Path | None,
+    errors_within: str,
+    kubeconfig: str | None,
+    context: str | None,
+) -> None:
+    """Show, per node and CSI driver, the reported allocatable count and what it is used for.
+
+    Columns: the reported allocatable.count, the applicable ceiling (and, with -o wide, why), attached volumes
+    (VolumeAttachments with status.attached), headroom (count minus attached), the guard's last accepted count
+    and its age from its signed state, frozen or corrected entries with until-when; -o wide adds the writer
+    version, recent attach errors by class and Pods Pending on volume limits. Sorted by least headroom, with a
+    one-line cluster summary on top. Reads one LIST per kind (CSINodes, Nodes, VolumeAttachments, Pending
+    Pods); needs get/list on them.
+    """
+    try:
+        policy = load_policy(policy_path)
+    except PolicyError as exc:
+        raise click.ClickException(str(exc)) from None
+    keys = _keys(state_key_file) if state_key_file is not None else None
+    try:
+        window = timedelta(seconds=parse_duration(errors_within))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--errors-within") from None
+    client = connect(kubeconfig, context)
+    try:
+        with client:
+            node_objects, csinodes, attachments, pending = read_cluster(client, selector)
+    except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
+        raise CannotReadError(api_failure("cannot read the cluster", exc).message) from None
+    wanted: set[str] | None = None
+    if selector:
+        wanted = {str((n.get("metadata") or {}).get("name") or "") for n in node_objects}
+    if nodes:
+        wanted = set(nodes) if wanted is None else wanted & set(nodes)
+    now = datetime.now(UTC)
+    report = build_report(csinodes, node_objects, attachments, pending, policy=policy, now=now, keys=keys,
+                          errors_within=window, node_names=wanted, driver_names=drivers or None)
+    if output == "json":
+        click.echo(orjson.dumps(report_json(report), option=orjson.OPT_INDENT_2).decode())
+    else:
+        sys.stdout.write(format_table(report, now, wide=output == "wide"))
+
+
+def read_cluster(client: kubeapi.KubeClient, selector: str | None) -> tuple[list[kubeapi.JSON], ...]:
+    """Nodes (metadata only: the labels are all the ceilings need), CSINodes, VolumeAttachments and Pending Pods:
+    one paged LIST per kind, one after the other (on a busy 2-core control plane, four at once took longer than
+    the four in turn: benchmarks/bench_status.py)."""
+    return (
+        client.list_all(kubeapi.NODES, label_selector=selector, metadata_only=True),
+        client.list_all(kubeapi.CSINODES),
+        client.list_all(kubeapi.VOLUMEATTACHMENTS),
+        client.list_all(kubeapi.PODS, field_selector="status.phase=Pending"),
+    )
+
+
+def _keys(path: Path) -> StateKeys:
+    from webhook.tls import StateKeyError, ensure_state_key  # noqa: PLC0415
+
+    try:
+        return StateKeys(ensure_state_key(path))
+    except (StateKeyError, ValueError, OSError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--state-key-file") from None

@@ -1,0 +1,498 @@
+"""``csinode-guard preflight``: will mutable allocatable counts work in this cluster, component by component? Pure.
+
+:func:`run_checks` judges :class:`ClusterFacts` (gathered by :mod:`webhook.preflight_gather`, one request or
+LIST per kind) against the version matrix of docs/operations.md (feature gate ``MutableCSINodeAllocatableCount``,
+KEP-4876: alpha 1.33, beta and off by default 1.34, on by default 1.35, GA 1.36) and against what
+:mod:`webhook.registration` registers. Each :class:`Check` is OK, WARN or FAIL with what to do; the exit code
+is 0, 1 or 2 for the worst of them (:func:`exit_code`), so preflight can gate a rollout in CI.
+
+Kubernetes facts used:
+
+- The apiserver refuses an update of ``allocatable.count`` (``field is immutable``) when the gate is off; a
+  server-side dry run (``dryRun=All``) of one CSINode's count tells whether it accepts them, whatever the version
+  says (the gate can be turned off on 1.35, or on on 1.33). Admission webhooks run in a dry run too: a denial by
+  a *mutating* webhook comes before the apiserver's validation and proves nothing.
+- Version skew policy: a kubelet may be up to three minors older than the apiserver, never newer.
+- kubelet writes a driver's count only when its CSIDriver sets ``nodeAllocatableUpdatePeriodSeconds``;
+  kube-scheduler re-queues pods on a CSINode count change only with the feature.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+
+from webhook.policy import Policy
+from webhook.registration import CONFIGURATION_NAME, build_webhook_configurations
+from webhook.versions import VersionError, compare_versions, parse_version
+
+ALPHA_MINOR = 33
+BETA_MINOR = 34
+DEFAULT_ON_MINOR = 35
+GA_MINOR = 36
+KUBELET_MAX_SKEW = 3
+"""Minors a kubelet may lag behind kube-apiserver (Kubernetes version skew policy since 1.28)."""
+GATE = "MutableCSINodeAllocatableCount"
+
+
+class Status(enum.StrEnum):
+    """Outcome of one check; the order is the severity."""
+
+    OK = "OK"
+    WARN = "WARN"
+    FAIL = "FAIL"
+
+
+SEVERITY = {Status.OK: 0, Status.WARN: 1, Status.FAIL: 2}
+
+
+@dataclass(frozen=True)
+class Check:
+    """One row: ``component`` (kube-apiserver, kubelet, ...), what was ``checked`` and found, the ``status``
+    and ``action`` (what to do; empty when nothing)."""
+
+    component: str
+    checked: str
+    status: Status
+    action: str = ""
+
+    def to_json(self) -> dict[str, str]:
+        """The row as JSON (``-o json``)."""
+        return {"component": self.component, "checked": self.checked, "status": str(self.status),
+                "action": self.action}
+
+
+class ProbeOutcome(enum.StrEnum):
+    """What the dry-run count update answered."""
+
+    ACCEPTED = "accepted"
+    IMMUTABLE = "immutable"
+    REFUSED_BY_ADMISSION = "refused-by-admission"
+    REFUSED_AFTER_VALIDATION = "refused-after-validation"
+    NO_CANDIDATE = "no-candidate"
+    ERROR = "error"
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """The dry-run probe: ``outcome``, the CSINode/driver it wrote (``target``) and the apiserver's message."""
+
+    outcome: ProbeOutcome
+    target: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class ServingCertificate:
+    """The guard's serving certificate for one webhook: the leaf as DER (None when it could not be fetched),
+    where it came from (``source``: ``TLS handshake with host:port``, ``Secret ns/name``), the host name the
+    apiserver checks it against, and why fetching failed (``error``)."""
+
+    der: bytes | None
+    source: str
+    host: str
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class ClusterFacts:
+    """Everything preflight judges, as plain values (JSON objects as the API returns them).
+
+    ``server_version`` is ``/version``'s ``gitVersion`` (None: unreadable, ``server_version_error`` says why);
+    ``scheduler_versions`` the versions found and ``scheduler_source`` where (``--scheduler-version``, pods);
+    ``driver_versions`` maps driver -> version -> nodes reporting it (from the policy's version source), with
+    ``version_sources`` saying which source was read per driver; ``webhook_configurations`` maps kind -> the
+    object (None: absent); ``serving_certificates`` maps webhook name -> certificate; ``deployment`` is the
+    guard's Deployment (None: absent or not looked for, ``deployment_note`` says which).
+    """
+
+    server_version: str | None
+    probe: ProbeResult
+    nodes: Sequence[Mapping[str, Any]]
+    scheduler_versions: Sequence[str]
+    scheduler_source: str
+    csidrivers: Sequence[Mapping[str, Any]]
+    driver_versions: Mapping[str, Mapping[str, int]]
+    version_sources: Mapping[str, str]
+    webhook_configurations: Mapping[str, Mapping[str, Any] | None]
+    serving_certificates: Mapping[str, ServingCertificate]
+    deployment: Mapping[str, Any] | None
+    now: datetime
+    server_version_error: str = ""
+    deployment_note: str = ""
+    errors: Mapping[str, str] = field(default_factory=dict)
+    configuration_name: str = CONFIGURATION_NAME
+
+
+def minor_of(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a Kubernetes version (``v1.36.2``, ``v1.35.1-eks-1a2b3c``), None when unparsable."""
+    try:
+        parsed = parse_version(version)
+    except VersionError:
+        return None
+    return parsed.major, parsed.minor
+
+
+def _gate_status(minor: int) -> tuple[Status, str]:
+    if minor < ALPHA_MINOR:
+        return Status.FAIL, f"{GATE} does not exist before 1.33: counts are immutable"
+    if minor == ALPHA_MINOR:
+        return Status.WARN, f"{GATE} is alpha and off by default"
+    if minor == BETA_MINOR:
+        return Status.WARN, f"{GATE} is beta and off by default"
+    if minor == DEFAULT_ON_MINOR:
+        return Status.OK, f"{GATE} is beta and on by default"
+    return Status.OK, f"{GATE} is GA"
+
+
+def check_apiserver(facts: ClusterFacts) -> list[Check]:
+    """The apiserver's version against the matrix, then the dry-run probe, which decides when it is conclusive."""
+    checks: list[Check] = []
+    if facts.server_version is None:
+        checks.append(Check("kube-apiserver", f"/version: {facts.server_version_error or 'unreadable'}",
+                            Status.FAIL, "check access to /version (any authenticated user may read it)"))
+    else:
+        parsed = minor_of(facts.server_version)
+        if parsed is None:
+            checks.append(Check("kube-apiserver", f"version {facts.server_version} is not a version", Status.WARN,
+                                "compare it with the matrix in docs/operations.md by hand"))
+        else:
+            status, why = _gate_status(parsed[1])
+            action = ""
+            if status is Status.FAIL:
+                action = "upgrade the control plane to 1.35 or later (1.33/1.34 with the gate enabled)"
+            elif status is Status.WARN:
+                action = f"enable --feature-gates={GATE}=true on kube-apiserver, kube-scheduler and kubelets"
+            checks.append(Check("kube-apiserver", f"version {facts.server_version}: {why}", status, action))
+    probe = facts.probe
+    where = f" of {probe.target}" if probe.target else ""
+    if probe.outcome is ProbeOutcome.ACCEPTED:
+        checks.append(Check("kube-apiserver", f"dry-run count update{where}: accepted (dryRun=All)", Status.OK))
+    elif probe.outcome is ProbeOutcome.REFUSED_AFTER_VALIDATION:
+        checks.append(Check("kube-apiserver", f"dry-run count update{where}: passed validation (then refused "
+                            f"by validating admission: {probe.detail})", Status.OK))
+    elif probe.outcome is ProbeOutcome.IMMUTABLE:
+        checks.append(Check("kube-apiserver", f"dry-run count update{where}: refused, counts are immutable: "
+                            f"{probe.detail}", Status.FAIL,
+                            f"turn {GATE} on for kube-apiserver (and kube-scheduler and the kubelets)"))
+    elif probe.outcome is ProbeOutcome.REFUSED_BY_ADMISSION:
+        checks.append(Check("kube-apiserver", f"dry-run count update{where}: inconclusive, a mutating webhook "
+                            f"refused it before validation: {probe.detail}", Status.WARN,
+                            "run preflight as a principal the guard's policy lists as a writer or exemption"))
+    elif probe.outcome is ProbeOutcome.NO_CANDIDATE:
+        checks.append(Check("kube-apiserver", "dry-run count update: no CSINode with a driver to probe",
+                            Status.WARN, "rerun once a node has registered a CSI driver"))
+    else:
+        checks.append(Check("kube-apiserver", f"dry-run count update{where}: {probe.detail}", Status.WARN,
+                            "grant update on csinodes to run the probe, or check the error"))
+    return checks
+
+
+def _server_minor(facts: ClusterFacts) -> tuple[int, int] | None:
+    return minor_of(facts.server_version) if facts.server_version else None
+
+
+def kubelet_versions(nodes: Sequence[Mapping[str, Any]]) -> Counter[str]:
+    """Nodes per ``status.nodeInfo.kubeletVersion`` (``unknown`` when absent)."""
+    found: Counter[str] = Counter()
+    for node in nodes:
+        info = ((node.get("status") or {}).get("nodeInfo") or {}) if isinstance(node, Mapping) else {}
+        found[str(info.get("kubeletVersion") or "unknown")] += 1
+    return found
+
+
+def check_kubelets(facts: ClusterFacts) -> list[Check]:
+    """Nodes per kubelet version: too old for the feature, or skewed beyond the policy, or needing the gate."""
+    versions = kubelet_versions(facts.nodes)
+    if not versions:
+        return [Check("kubelet", "no Nodes", Status.WARN, "nothing to check until nodes join")]
+    server = _server_minor(facts)
+    checks = []
+    for version, count in sorted(versions.items(), key=lambda kv: (minor_of(kv[0]) or (0, 0), kv[0])):
+        nodes = f"{count} node{'s' if count != 1 else ''}"
+        parsed = minor_of(version)
+        if parsed is None:
+            checks.append(Check("kubelet", f"{nodes} at {version}", Status.WARN, "check these nodes' kubelets"))
+            continue
+        status, why = _gate_status(parsed[1])
+        action = ""
+        if status is Status.FAIL:
+            why, action = "too old: never updates counts", "upgrade these nodes (1.35 or later)"
+        elif status is Status.WARN:
+            action = f"enable --feature-gates={GATE}=true on these kubelets"
+        if server is not None:
+            if parsed > server:
+                status, why = Status.FAIL, f"newer than kube-apiserver {server[0]}.{server[1]} (unsupported skew)"
+                action = "upgrade the control plane before the nodes"
+            elif server[0] == parsed[0] and server[1] - parsed[1] > KUBELET_MAX_SKEW:
+                status = Status.FAIL
+                why = f"{server[1] - parsed[1]} minors behind kube-apiserver (at most {KUBELET_MAX_SKEW})"
+                action = "upgrade these nodes"
+        checks.append(Check("kubelet", f"{nodes} at {version}: {why}", status, action))
+    return checks
+
+
+def check_scheduler(facts: ClusterFacts) -> list[Check]:
+    """kube-scheduler's version (its pods, or ``--scheduler-version``): without the feature it never re-queues
+    pods on a CSINode count change."""
+    if not facts.scheduler_versions:
+        return [Check("kube-scheduler", "version not found (no kube-scheduler pods in kube-system)", Status.WARN,
+                      "pass --scheduler-version (managed control planes hide the scheduler)")]
+    server = _server_minor(facts)
+    checks = []
+    for version in sorted(set(facts.scheduler_versions)):
+        parsed = minor_of(version)
+        if parsed is None:
+            checks.append(Check("kube-scheduler", f"{version} ({facts.scheduler_source}) is not a version",
+                                Status.WARN, "check the scheduler by hand"))
+            continue
+        status, why = _gate_status(parsed[1])
+        action = ""
+        if status is Status.FAIL:
+            action = "upgrade kube-scheduler: without the feature it never re-queues pods on a count change"
+        elif status is Status.WARN:
+            action = f"enable --feature-gates={GATE}=true on kube-scheduler"
+        if server is not None and parsed > server:
+            status, why, action = Status.FAIL, "newer than kube-apiserver", "upgrade kube-apiserver first"
+        checks.append(Check("kube-scheduler", f"{version} ({facts.scheduler_source}): {why}", status, action))
+    return checks
+
+
+def check_drivers(facts: ClusterFacts, policy: Policy) -> list[Check]:
+    """Per CSIDriver: ``nodeAllocatableUpdatePeriodSeconds`` set, and its node-plugin versions (the policy's
+    version source) against the policy's ``minVersion``."""
+    if not facts.csidrivers:
+        return [Check("CSIDriver", "no CSIDriver objects", Status.WARN,
+                      "install the CSI drivers (and their CSIDriver objects) whose counts should move")]
+    checks = []
+    for obj in sorted(facts.csidrivers, key=lambda o: str((o.get("metadata") or {}).get("name") or "")):
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        period = (obj.get("spec") or {}).get("nodeAllocatableUpdatePeriodSeconds")
+        component = f"CSIDriver {name}"
+        if isinstance(period, int) and not isinstance(period, bool):
+            checks.append(Check(component, f"nodeAllocatableUpdatePeriodSeconds: {period}", Status.OK))
+        else:
+            checks.append(Check(component, "nodeAllocatableUpdatePeriodSeconds unset: kubelet never updates this "
+                                "driver's count", Status.WARN,
+                                f"set spec.nodeAllocatableUpdatePeriodSeconds (>= 10) on CSIDriver {name} once its "
+                                "node plugin supports it"))
+        checks.extend(_driver_version_checks(facts, policy, name, component))
+    return checks
+
+
+def _driver_version_checks(facts: ClusterFacts, policy: Policy, name: str, component: str) -> list[Check]:
+    driver_policy = policy.for_driver(name)
+    source = facts.version_sources.get(name, driver_policy.version_source.type)
+    versions = facts.driver_versions.get(name) or {}
+    minimum = driver_policy.min_version
+    if not versions:
+        if minimum is None:
+            return []
+        return [Check(component, f"node-plugin versions: none found ({source})", Status.WARN,
+                      f"configure the policy's versionSource so the guard can enforce minVersion {minimum}")]
+    listed = ", ".join(f"{v} on {n} node{'s' if n != 1 else ''}" for v, n in sorted(versions.items()))
+    if minimum is None:
+        return [Check(component, f"node-plugin versions ({source}): {listed}", Status.OK)]
+    old = []
+    for version, nodes in sorted(versions.items()):
+        try:
+            if compare_versions(version, minimum) < 0:
+                old.append(f"{version} on {nodes}")
+        except VersionError:
+            old.append(f"{version} (not a version) on {nodes}")
+    if old:
+        return [Check(component, f"node-plugin versions ({source}): {listed}; below minVersion {minimum}: "
+                      f"{', '.join(old)}", Status.WARN,
+                      f"upgrade the driver's node plugin to {minimum} or later; the guard refuses counts from "
+                      "older ones")]
+    return [Check(component, f"node-plugin versions ({source}): {listed}; all >= minVersion {minimum}", Status.OK)]
+
+
+def verify_serving_certificate(ca_bundle: bytes, der: bytes, host: str, now: datetime) -> str | None:
+    """Why ``ca_bundle`` (PEM) does not verify the serving certificate ``der`` for ``host``; None when it does.
+
+    The certificate must be issued and signed by one of the bundle's certificates, valid at ``now``, and name
+    ``host`` in its subjectAltName (a DNS name or an IP address, as the apiserver checks it).
+    """
+    try:
+        cas = x509.load_pem_x509_certificates(ca_bundle)
+    except ValueError as exc:
+        return f"caBundle is not PEM certificates: {exc}"
+    try:
+        cert = x509.load_der_x509_certificate(der)
+    except ValueError as exc:
+        return f"the serving certificate does not parse: {exc}"
+    issuers = [ca for ca in cas if ca.subject == cert.issuer]
+    signed = False
+    for ca in issuers:
+        try:
+            cert.verify_directly_issued_by(ca)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        signed = True
+        break
+    if not signed:
+        return f"not signed by a CA in caBundle (issuer {cert.issuer.rfc4514_string()})"
+    if now < cert.not_valid_before_utc or now >= cert.not_valid_after_utc:
+        return f"not valid now (valid {cert.not_valid_before_utc:%Y-%m-%d} to {cert.not_valid_after_utc:%Y-%m-%d})"
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return "no subjectAltName"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        dns = [n.lower() for n in names.get_values_for_type(x509.DNSName)]
+        if host.lower() not in dns:
+            return f"{host} is not among its DNS names {dns}"
+    else:
+        if address not in names.get_values_for_type(x509.IPAddress):
+            return f"{host} is not among its IP addresses"
+    return None
+
+
+def _ca_bundle(webhook: Mapping[str, Any]) -> bytes | None:
+    import base64  # noqa: PLC0415 - only here
+
+    value = (webhook.get("clientConfig") or {}).get("caBundle")
+    if not value:
+        return None
+    try:
+        return base64.b64decode(value)
+    except ValueError:
+        return None
+
+
+def check_guard(facts: ClusterFacts) -> list[Check]:
+    """The guard's webhook configurations against what ``register`` builds, their CA bundles against the
+    serving certificate, and its Deployment's ready replicas."""
+    checks: list[Check] = []
+    for expected in build_webhook_configurations(name=facts.configuration_name):
+        kind = str(expected["kind"])
+        name = str(expected["metadata"]["name"])
+        found = facts.webhook_configurations.get(kind)
+        component = f"guard {kind}"
+        if found is None:
+            checks.append(Check(component, f"{name} not found", Status.FAIL,
+                                "install the guard (kubectl apply -k deploy/overlays/...) or csinode-guard register"))
+            continue
+        present = {str(w.get("name")): w for w in found.get("webhooks") or [] if isinstance(w, Mapping)}
+        for want in expected["webhooks"]:
+            checks.extend(_check_webhook(facts, component, want, present.get(str(want["name"]))))
+    checks.extend(_check_deployment(facts))
+    return checks
+
+
+def _check_webhook(
+    facts: ClusterFacts, component: str, want: Mapping[str, Any], have: Mapping[str, Any] | None
+) -> list[Check]:
+    name = str(want["name"])
+    if have is None:
+        return [Check(component, f"webhook {name} missing", Status.FAIL, "csinode-guard register")]
+    checks = []
+    conditions = have.get("matchConditions") or []
+    if not conditions:
+        checks.append(Check(component, f"{name}: no matchConditions: every CSINode write, registrations among "
+                            "them, reaches the guard", Status.FAIL, "csinode-guard register (re-applies them)"))
+    elif list(conditions) != list(want["matchConditions"]):
+        checks.append(Check(component, f"{name}: matchConditions differ from this release's", Status.WARN,
+                            "csinode-guard register (re-applies them)"))
+    else:
+        checks.append(Check(component, f"{name}: matchConditions as registered by this release", Status.OK))
+    policy = have.get("failurePolicy", "Fail")
+    if policy != want["failurePolicy"]:
+        checks.append(Check(component, f"{name}: failurePolicy {policy}, documented {want['failurePolicy']}",
+                            Status.FAIL if want["failurePolicy"] == "Fail" else Status.WARN,
+                            "csinode-guard register (see docs/operations.md for why)"))
+    else:
+        checks.append(Check(component, f"{name}: failurePolicy {policy} as documented", Status.OK))
+    ca_bundle = _ca_bundle(have)
+    served = facts.serving_certificates.get(name)
+    if ca_bundle is None:
+        checks.append(Check(component, f"{name}: no caBundle", Status.FAIL,
+                            "csinode-guard register --cert-dir ..., or check cert-manager's cainjector"))
+    elif served is None or served.der is None:
+        why = served.error if served is not None else "not fetched"
+        checks.append(Check(component, f"{name}: serving certificate not checked ({why})", Status.WARN,
+                            "run preflight where the guard's Service is reachable, or allow reading its TLS Secret"))
+    else:
+        problem = verify_serving_certificate(ca_bundle, served.der, served.host, facts.now)
+        if problem is None:
+            checks.append(Check(component, f"{name}: caBundle verifies the serving cert ({served.source})",
+                                Status.OK))
+        else:
+            checks.append(Check(component, f"{name}: caBundle does not verify the serving certificate "
+                                f"({served.source}): {problem}", Status.FAIL,
+                                "csinode-guard register --cert-dir <the guard's certs> (or fix the certificate)"))
+    return checks
+
+
+def _check_deployment(facts: ClusterFacts) -> list[Check]:
+    deployment = facts.deployment
+    if deployment is None:
+        if facts.deployment_note:
+            return [Check("guard Deployment", facts.deployment_note, Status.OK)]
+        return [Check("guard Deployment", "not found", Status.WARN,
+                      "kubectl apply -k deploy/overlays/default (count changes are refused while no replica serves)")]
+    spec = deployment.get("spec") or {}
+    status = deployment.get("status") or {}
+    meta = deployment.get("metadata") or {}
+    where = f"-n {meta.get('namespace') or 'csinode-guard'} "
+    name = str(meta.get("name") or "csinode-guard")
+    wanted = int(spec.get("replicas", 1) or 0)
+    ready = int(status.get("readyReplicas") or 0)
+    checked = f"{ready}/{wanted} replicas ready"
+    if ready == 0:
+        return [Check("guard Deployment", checked, Status.FAIL,
+                      f"kubectl {where}describe deployment {name} (with failurePolicy Fail, count changes are "
+                      "refused meanwhile)")]
+    if ready < wanted:
+        return [Check("guard Deployment", checked, Status.WARN, f"kubectl {where}get pods")]
+    return [Check("guard Deployment", checked, Status.OK)]
+
+
+def run_checks(facts: ClusterFacts, policy: Policy) -> list[Check]:
+    """Every check, in the order of the upgrade plan: apiserver, kubelets, scheduler, drivers, the guard.
+    ``facts.errors`` (component -> why a read failed) become WARN rows."""
+    checks = check_apiserver(facts)
+    checks += check_kubelets(facts) if "kubelet" not in facts.errors else []
+    checks += check_scheduler(facts)
+    checks += check_drivers(facts, policy) if "CSIDriver" not in facts.errors else []
+    checks += check_guard(facts)
+    checks += [Check(component, f"could not read: {why}", Status.WARN, "grant the missing read permission")
+               for component, why in sorted(facts.errors.items())]
+    return checks
+
+
+def exit_code(checks: Sequence[Check]) -> int:
+    """0 when every check is OK, 1 when the worst is WARN, 2 when any FAILs."""
+    return max((SEVERITY[c.status] for c in checks), default=0)
+
+
+TABLE_CHECKED_WIDTH = 110
+"""CHECKED is cut to this many characters in the table (``-o json`` carries the whole text)."""
+
+
+def _cut(text: str, width: int = TABLE_CHECKED_WIDTH) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def format_checks(checks: Sequence[Check]) -> str:
+    """kubectl-like columns COMPONENT, STATUS, CHECKED (cut to :data:`TABLE_CHECKED_WIDTH`), ACTION, and a
+    closing count line."""
+    lines = [["COMPONENT", "STATUS", "CHECKED", "ACTION"]]
+    lines += [[c.component, str(c.status), _cut(c.checked), c.action or "-"] for c in checks]
+    widths = [max(len(line[i]) for line in lines) for i in range(3)]
+    out = ["   ".join([*(line[i].ljust(widths[i]) for i in range(3)), line[3]]).rstrip() for line in lines]
+    totals = Counter(c.status for c in checks)
+    out.append("")
+    out.append(f"{totals[Status.OK]} OK, {totals[Status.WARN]} WARN, {totals[Status.FAIL]} FAIL")
+    return "\n".join(out) + "\n"
