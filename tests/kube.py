@@ -117,3 +117,20 @@ def apply_response(obj: dict[str, Any], response: dict[str, Any]) -> dict[str, A
 def counts(obj: dict[str, Any]) -> dict[str, int | None]:
     """driver -> allocatable count (None = unbounded) of a CSINode object."""
     return {d["name"]: (d.get("allocatable") or {}).get("count") for d in obj["spec"]["drivers"]}
+
+
+def count_of(obj: dict[str, Any], driver: str) -> int | None:
+    """``allocatable.count`` of ``driver`` in ``obj`` (None: unbounded). Raises KeyError when it is not there."""
+    for entry in (obj.get("spec") or {}).get("drivers") or []:
+        if entry.get("name") == driver:
+            allocatable = entry.get("allocatable") or {}
+            count: int | None = allocatable.get("count")
+            return count
+    raise KeyError(driver)
+
+
+def without_driver(obj: dict[str, Any], driver: str) -> dict[str, Any]:
+    """What kubelet PUTs when the node plugin of ``driver`` goes away (a plugin restart's first write)."""
+    new = copy.deepcopy(obj)
+    new["spec"]["drivers"] = [d for d in new["spec"]["drivers"] if d["name"] != driver]
+    return new

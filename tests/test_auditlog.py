@@ -38,7 +38,8 @@ def guard_log() -> list[dict[str, Any]]:
     """Audit records of an incident on NODE (freeze, denials, a correction) plus a clamp elsewhere and a dry run."""
     policy = load_policy()
     keys = StateKeys([b"k" * 32])
-    cluster = StaticClusterView(nodes={GKE: {"labels": {"node.kubernetes.io/instance-type": "n2-standard-8"}}})
+    cluster = StaticClusterView(nodes={GKE: {"labels": {"node.kubernetes.io/instance-type": "n2-standard-8"}}},
+                                driver_versions={NODE: {EBS: "v1.37.0"}})  # the EBS node pod's image tag
     records: list[dict[str, Any]] = []
     stored: dict[str, dict[str, Any]] = {}
 
@@ -65,8 +66,8 @@ def guard_log() -> list[dict[str, Any]]:
     stored[OTHER] = renamed(kubelet_update(base_csinode(), EBS, 25), OTHER)
     stored[GKE] = renamed(kubelet_update(base_csinode(), PD, 20), GKE)
     write(NODE, kubelet_update(stored[NODE], EBS, 24), 0)
-    rolled_back = with_annotation(stored[NODE], VERSIONS, json.dumps({EBS: "v1.34.0"}))
-    write(NODE, kubelet_update(rolled_back, EBS, 22), 5)  # warn + freeze
+    cluster.driver_versions[NODE] = {EBS: "v1.34.0"}  # the node plugin rolled back (pod version source)
+    write(NODE, kubelet_update(stored[NODE], EBS, 22), 5)  # warn + freeze
     write(NODE, kubelet_update(stored[NODE], EBS, 23), 10)  # deny: frozen
     cluster.attach_error_list[(NODE, EBS)] = [AttachError(8, T0 + timedelta(minutes=14), "csi-1")]
     write(NODE, kubelet_update(stored[NODE], EBS, 20), 15)  # correction

@@ -14,14 +14,17 @@ from typing import Any
 import yaml
 
 from tests.conftest import REPO
-from tests.kube import EBS, base_csinode, kubelet_update, review, with_annotation
+from tests.kube import EBS, apply_response, base_csinode, kubelet_update, review, with_annotation
 
 VERSIONS = "csinode-guard.io/driver-versions"
+REPORTER = "version-reporter"
 
 
 def policy_file(tmp_path: Path) -> Path:
     doc = yaml.safe_load((REPO / "policies" / "default.yaml").read_text())
-    doc["spec"]["drivers"][EBS] = {"ceiling": {"max": 27}, "minVersion": "v1.40.0"}
+    doc["spec"]["drivers"][EBS] = {"ceiling": {"max": 27}, "minVersion": "v1.40.0",
+                                   "versionSource": {"type": "annotation"}}
+    doc["spec"]["versionReporters"] = {"users": [REPORTER]}
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -33,7 +36,11 @@ def rules_named(text: str) -> list[str]:
 
 def test_the_denial_of_an_outdated_driver_also_names_the_ceiling(server_factory: Any, tmp_path: Path) -> None:
     server = server_factory("--policy", str(policy_file(tmp_path)))
-    stored = with_annotation(kubelet_update(base_csinode(), EBS, 25), VERSIONS, json.dumps({EBS: "v1.19.0"}))
+    registered = kubelet_update(base_csinode(), EBS, 25)
+    declared = with_annotation(registered, VERSIONS, json.dumps({EBS: "v1.19.0"}))  # a version reporter's write
+    answer = json.loads(server.post("/mutate", review(registered, declared, user=REPORTER)).data)
+    assert answer["response"]["allowed"] is True
+    stored = apply_response(declared, answer)  # the declaration recorded in the signed state
 
     answer = json.loads(server.post("/mutate", review(stored, kubelet_update(stored, EBS, 39))).data)["response"]
 

@@ -41,11 +41,15 @@ VERSIONS = "csinode-guard.io/driver-versions"
 JUSTIFICATION = "csinode-guard.io/justification"
 STATE = "csinode-guard.io/state"
 APPROVER = {"user": "alice@example.com", "groups": ["csinode-guard:approvers", "system:authenticated"]}
+REPORTER = {"user": "version-reporter", "groups": ["system:authenticated"]}
 
 
 def e2e_policy(tmp_path: Path) -> Path:
     doc = yaml.safe_load((REPO / "policies" / "default.yaml").read_text())
     doc["spec"]["rules"]["change-rate"]["minInterval"] = "2s"
+    # Offline there are no node pods: EBS versions come from the annotation, as a version reporter declares them.
+    doc["spec"]["drivers"][EBS]["versionSource"] = {"type": "annotation"}
+    doc["spec"]["versionReporters"] = {"users": [REPORTER["user"]]}
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -83,13 +87,16 @@ class Apiserver:
 
 def test_kubelet_sequence_is_judged_as_the_design_says(server_factory: Any, tmp_path: Path) -> None:
     server = server_factory("--policy", str(e2e_policy(tmp_path)))
-    api = Apiserver(server, with_annotation(base_csinode(), VERSIONS, json.dumps({EBS: "v1.37.0"})))
+    api = Apiserver(server, base_csinode())
 
-    # The node registers ebs.csi.aws.com at 25: a registration, never denied, no state written.
+    # The node registers ebs.csi.aws.com at 25: a registration, judged (within the ceiling) and recorded.
     registered = api.put(kubelet_update(api.stored, EBS, 25))
     assert registered["response"]["allowed"] is True
-    assert "patch" not in registered["response"]
     assert counts(api.stored)[EBS] == 25
+    assert json.loads(api.stored["metadata"]["annotations"][STATE])["drivers"][EBS]["count"] == 25
+    declared = api.put(with_annotation(api.stored, VERSIONS, json.dumps({EBS: "v1.37.0"})), **REPORTER)
+    assert declared["response"]["allowed"] is True
+    assert json.loads(api.stored["metadata"]["annotations"][STATE])["declared"][EBS]["by"] == "version-reporter"
 
     # Network interfaces take two slots: 25 -> 23 from the node's own kubelet passes and is recorded.
     eni = api.put(kubelet_update(api.stored, EBS, 23))
@@ -103,8 +110,8 @@ def test_kubelet_sequence_is_judged_as_the_design_says(server_factory: Any, tmp_
 
     # A driver downgraded to an old version reports 39: version rollback (deny) and above the ceiling.
     time.sleep(2.1)
-    downgraded = with_annotation(kubelet_update(api.stored, EBS, 39), VERSIONS, json.dumps({EBS: "v1.30.0"}))
-    rollback = api.put(downgraded)["response"]
+    api.put(with_annotation(api.stored, VERSIONS, json.dumps({EBS: "v1.30.0"})), **REPORTER)
+    rollback = api.put(kubelet_update(api.stored, EBS, 39))["response"]
     assert rollback["allowed"] is False
     assert rollback["status"]["code"] == 403
     assert rollback["status"]["reason"] == "Forbidden"
@@ -118,7 +125,7 @@ def test_kubelet_sequence_is_judged_as_the_design_says(server_factory: Any, tmp_
     assert counts(api.stored)[EBS] == 23
 
     # Back on v1.37.0, 23 -> 25 passes; a second increase right after it comes faster than the period.
-    api.stored = with_annotation(api.stored, VERSIONS, json.dumps({EBS: "v1.37.0"}))
+    api.put(with_annotation(api.stored, VERSIONS, json.dumps({EBS: "v1.37.0"})), **REPORTER)
     assert api.put(kubelet_update(api.stored, EBS, 25))["response"]["allowed"] is True
     fast = api.put(kubelet_update(api.stored, EBS, 26))["response"]
     assert fast["allowed"] is False
@@ -236,6 +243,8 @@ def test_update_without_old_object_is_not_allowed_with_code_400(server_factory: 
 def test_create_and_delete_are_always_allowed(server_factory: Any, operation: str) -> None:
     server = server_factory()
     obj = kubelet_update(base_csinode(), EBS, 25)
+    if operation == "CREATE":
+        del obj["metadata"]["uid"]  # mutating admission of a CREATE runs before the apiserver sets it
     old, new = (None, obj) if operation == "CREATE" else (obj, None)
     answer = json.loads(server.post("/mutate", review(old, new, operation=operation)).data)["response"]
     assert answer["allowed"] is True

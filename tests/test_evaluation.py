@@ -24,11 +24,13 @@ from kube import (
     NODE,
     apply_response,
     base_csinode,
+    count_of,
     counts,
     driver_entry,
     kubelet_update,
     review,
     with_annotation,
+    without_driver,
 )
 
 from webhook.budget import IncreaseBudget
@@ -39,6 +41,7 @@ from webhook.review import build_response, parse_review
 from webhook.state import (
     Approval,
     Correction,
+    DeclaredVersion,
     EntryState,
     GuardState,
     StateKeys,
@@ -64,6 +67,10 @@ BREAK_GLASS = ("sre-oncall", ["csinode-guard:break-glass", "system:authenticated
 STRANGER = ("bob", ["system:authenticated"])
 WHERE = f"{NODE}/{EBS}"
 
+POD_SOURCE = {
+    "type": "pod", "namespace": "kube-system", "selector": {"matchLabels": {"app": "ebs-csi-node"}},
+    "container": "ebs-plugin",
+}
 # The shape of policies/default.yaml, spelled out so that these tests do not move with the shipped policy.
 POLICY_DOC: dict[str, Any] = {
     "apiVersion": "csinode-guard.io/v1alpha1",
@@ -88,7 +95,7 @@ POLICY_DOC: dict[str, Any] = {
         },
         "defaults": {"versionSource": {"type": "annotation", "annotation": VERSIONS}, "maxStepUp": 16},
         "drivers": {
-            EBS: {"ceiling": {"max": 128, "nodeLabel": INSTANCE_TYPE, "unknown": 27}},
+            EBS: {"ceiling": {"max": 128, "nodeLabel": INSTANCE_TYPE, "unknown": 27}, "versionSource": POD_SOURCE},
             GCE: {"ceiling": {"max": 127}},
         },
     },
@@ -98,7 +105,8 @@ POLICY_DOC: dict[str, Any] = {
 def merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(dict(base))
     for key, value in over.items():
-        nested = isinstance(value, Mapping) and isinstance(out.get(key), Mapping)
+        # A versionSource is one of three shapes: it is replaced, never merged.
+        nested = isinstance(value, Mapping) and isinstance(out.get(key), Mapping) and key != "versionSource"
         out[key] = merged(out[key], value) if nested else value
     return out
 
@@ -119,6 +127,15 @@ def history(count: int | None = 25, *, ago: float = 3600, version: str | None = 
         uid=UID,
         entries={EBS: EntryState(count=count, changed_at=T0 - timedelta(seconds=ago), writer_version=version, **entry)},
     )
+
+
+ANNOTATION_SOURCE = {"type": "annotation", "annotation": VERSIONS}
+REPORTER = "system:serviceaccount:kube-system:version-reporter"
+
+
+def declared_history(version: str, count: int = 25) -> GuardState:
+    """``history(count)`` plus ``version`` declared for EBS by the version reporter (recorded in the state)."""
+    return history(count)._replace(declared={EBS: DeclaredVersion(version, REPORTER, T0 - timedelta(hours=2))})
 
 
 def signed(obj: dict[str, Any], state: GuardState | None) -> dict[str, Any]:
@@ -250,8 +267,14 @@ class Apiserver:
         return mutated
 
     def kubelet(self, count: int | None, at: float, *, version: str | None = None) -> Judged:
-        new = kubelet_update(self.obj, EBS, count)
-        return self.put(with_version(new, version) if version else new, at)
+        if version is not None:  # the driver's node pod now runs this version (the pod version source)
+            self.options["cluster"] = running(version)
+        return self.put(kubelet_update(self.obj, EBS, count), at)
+
+
+def running(version: str) -> StaticClusterView:
+    """A cluster view whose EBS node pod on NODE runs ``version`` (the policy's pod version source)."""
+    return StaticClusterView(driver_versions={NODE: {EBS: version}})
 
 
 def message_line(rule: str, old: int | str, new: int | str, why: str, how: str, where: str = WHERE) -> str:
@@ -280,25 +303,64 @@ CEILING_HOW = "fix the driver's volume limit (e.g. --volume-attach-limit), or ra
 # -- requests that are never judged --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("old", "new", "operation"),
-    [
-        pytest.param(None, base_csinode(), "CREATE", id="kubelet creating its CSINode"),
-        pytest.param(base_csinode(), None, "DELETE", id="deleting a CSINode"),
-    ],
-)
-def test_create_and_delete_are_always_allowed(
-    old: dict[str, Any] | None, new: dict[str, Any] | None, operation: str
-) -> None:
-    judged = judge(old, new, operation=operation)
+def test_delete_is_allowed_unjudged() -> None:
+    judged = judge(base_csinode(), None, operation="DELETE")
 
     assert judged.body == {"uid": REQUEST_UID, "allowed": True, "auditAnnotations": {"decision": "skip"}}
     assert judged.decision.decision is Decision.SKIP
 
 
-def test_create_with_an_absurd_count_is_still_allowed() -> None:
-    obj = kubelet_update(base_csinode(), EBS, 2147483647)
-    assert judge(None, obj, operation="CREATE").body["allowed"] is True
+def without_uid(obj: dict[str, Any]) -> dict[str, Any]:
+    """``obj`` as mutating admission sees a CREATE: the apiserver fills in ``metadata.uid`` only afterwards."""
+    new = copy.deepcopy(obj)
+    new["metadata"].pop("uid", None)
+    return new
+
+
+def test_kubelet_creating_its_csinode_is_allowed() -> None:
+    judged = judge(None, without_uid(base_csinode()), operation="CREATE")
+
+    assert judged.body == {
+        "uid": REQUEST_UID, "allowed": True, "auditAnnotations": {"decision": "allow", "policy": POLICY.hash},
+    }
+
+
+@pytest.mark.parametrize(
+    ("count", "final"),
+    [
+        pytest.param(2147483647, 27, id="int32 max"),
+        pytest.param(128, 27, id="above the ceiling"),
+        pytest.param(None, 27, id="unbounded with a known ceiling"),
+        pytest.param(20, 20, id="within the ceiling"),
+    ],
+)
+@pytest.mark.parametrize("mode", [Mode.MUTATE, Mode.VALIDATE])
+def test_a_create_is_clamped_never_refused(count: int | None, final: int, mode: Mode) -> None:
+    obj = without_uid(kubelet_update(base_csinode(), EBS, count))
+
+    judged = judge(None, obj, operation="CREATE", mode=mode)
+
+    assert judged.body["allowed"] is True
+    if mode is Mode.MUTATE:
+        assert judged.final is not None
+        assert count_of(judged.final, EBS) == final
+        assert judged.decision.decision is (Decision.CLAMP if final != count else Decision.ALLOW)
+    else:  # /validate cannot patch: it warns, it never refuses a CREATE
+        assert judged.decision.decision is (Decision.WARN if final != count else Decision.ALLOW)
+
+
+def test_a_create_with_a_copied_state_is_clamped_and_the_state_removed() -> None:
+    # The state of the deleted CSINode (another UID, a recent accepted 128 recorded) copied into the CREATE.
+    copied = GuardState(uid="0d7e0c8e-old-object", entries={EBS: EntryState(128, T0 - timedelta(minutes=1))})
+    obj = without_uid(signed(kubelet_update(base_csinode(), EBS, 128), copied))
+
+    judged = judge(None, obj, operation="CREATE")
+
+    assert judged.body["allowed"] is True
+    assert judged.final is not None
+    assert count_of(judged.final, EBS) == 27
+    assert STATE not in (judged.final["metadata"].get("annotations") or {})
+    assert judged.decision.fired_rules == ["count-ceiling"]
 
 
 @pytest.mark.parametrize(
@@ -317,7 +379,7 @@ def test_create_with_an_absurd_count_is_still_allowed() -> None:
         ),
         pytest.param(
             lambda r: r.update(operation="CONNECT"),
-            "csinode-guard judges only UPDATE of csinodes, not CONNECT",
+            "csinode-guard judges only CREATE and UPDATE of csinodes, not CONNECT",
             id="another operation",
         ),
     ],
@@ -336,30 +398,32 @@ def test_a_misconfigured_registration_is_allowed_with_a_warning(
 
 
 @pytest.mark.parametrize(
-    ("count", "user"),
+    ("count", "user", "final", "rules"),
     [
-        pytest.param(25, KUBELET, id="kubelet registering a driver with a count"),
-        pytest.param(None, KUBELET, id="kubelet registering a driver without a count"),
-        pytest.param(2147483647, KUBELET, id="kubelet registering a driver at int32 max"),
-        pytest.param(500, OTHER_KUBELET, id="another node's kubelet registering a driver"),
+        pytest.param(25, KUBELET, 25, [], id="kubelet registering a driver with a count"),
+        pytest.param(None, KUBELET, 27, ["count-ceiling"], id="kubelet registering a driver without a count"),
+        pytest.param(2147483647, KUBELET, 27, ["count-ceiling"], id="kubelet registering a driver at int32 max"),
+        pytest.param(500, OTHER_KUBELET, 27, ["writer-identity", "count-ceiling"],
+                     id="another node's kubelet registering a driver"),
     ],
 )
-def test_a_driver_registration_is_always_allowed(count: int | None, user: str) -> None:
+def test_a_driver_registration_is_clamped_never_refused(
+    count: int | None, user: str, final: int, rules: list[str]
+) -> None:
     old = base_csinode()
     judged = judge(old, kubelet_update(old, EBS, count), user=user)
 
-    assert judged.body == {
-        "uid": REQUEST_UID,
-        "allowed": True,
-        "auditAnnotations": {"decision": "allow", "policy": POLICY.hash},
-    }
-    assert judged.decision.changes == ()
-    assert judged.decision.outcomes == ()
+    assert judged.body["allowed"] is True
+    assert judged.final is not None
+    assert count_of(judged.final, EBS) == final
+    assert judged.decision.fired_rules == rules
+    assert judged.state is not None
+    assert judged.state.entries[EBS].count == final
 
 
 def test_a_driver_removal_is_always_allowed() -> None:
     old = stored(25)
-    new = with_drivers(old, driver_entry(EFS, None))
+    new = without_driver(old, EBS)
 
     judged = judge(old, new, user=STRANGER)
 
@@ -1310,7 +1374,7 @@ def test_a_driver_rollback_freezes_increases_for_freeze_for() -> None:
 def test_an_increase_from_a_rolled_back_driver_is_denied_and_nothing_is_recorded() -> None:
     old = stored(23)
 
-    judged = judge(old, with_version(kubelet_update(old, EBS, 25), "v1.30.0"))
+    judged = judge(old, kubelet_update(old, EBS, 25), cluster=running("v1.30.0"))
 
     assert judged.lines[0] == message_line(
         "writer-version", 23, 25, "driver version rolled back v1.37.0 -> v1.30.0; increases are frozen for 6h",
@@ -1323,7 +1387,7 @@ def test_a_justified_rollback_is_admitted_and_still_freezes() -> None:
     state = GuardState(uid=UID, entries=history(23).entries, approvals=(approval(0, 30),))
     old = signed(stored(23, state=None), state)
 
-    judged = judge(old, with_version(kubelet_update(old, EBS, 25), "v1.30.0"))
+    judged = judge(old, kubelet_update(old, EBS, 25), cluster=running("v1.30.0"))
 
     assert judged.body["allowed"] is True
     assert "warnings" not in judged.body
@@ -1334,11 +1398,11 @@ def test_a_justified_rollback_is_admitted_and_still_freezes() -> None:
 @pytest.mark.parametrize(
     ("policy", "cluster", "new", "allowed"),
     [
-        pytest.param(make_policy(drivers={EBS: {"minVersion": "v1.38.0"}}), None, None, False,
-                     id="the version annotation is read"),
-        pytest.param(make_policy(drivers={EBS: {"minVersion": "v1.38.0"}}), None,
-                     with_annotation(stored(25), VERSIONS, "{not json"), True,
-                     id="an annotation that is not JSON is an unknown version"),
+        pytest.param(make_policy(drivers={EBS: {"minVersion": "v1.38.0", "versionSource": ANNOTATION_SOURCE}}), None,
+                     signed(stored(25, state=None), declared_history("v1.37.0")), False,
+                     id="a version a reporter declared is read from the state"),
+        pytest.param(make_policy(drivers={EBS: {"minVersion": "v1.38.0", "versionSource": ANNOTATION_SOURCE}}), None,
+                     None, True, id="the annotation the kubelet can write is not read"),
         pytest.param(
             make_policy(drivers={EBS: {"minVersion": "v1.35.0", "versionSource": {"type": "kubelet"}}}),
             StaticClusterView(nodes={NODE: {"labels": {}, "kubeletVersion": "v1.34.2-eks-1a2b3c"}}),
@@ -1368,8 +1432,8 @@ def test_a_justified_rollback_is_admitted_and_still_freezes() -> None:
 def test_the_driver_version_comes_from_the_configured_source(
     policy: Policy, cluster: StaticClusterView | None, new: dict[str, Any] | None, allowed: bool
 ) -> None:
-    old = stored(25)
-    put = kubelet_update(new if new is not None else old, EBS, 26)
+    old = new if new is not None else stored(25)
+    put = kubelet_update(old, EBS, 26)
 
     assert judge(old, put, policy=policy, cluster=cluster).body["allowed"] is allowed
 

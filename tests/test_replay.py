@@ -36,11 +36,14 @@ EBS = "ebs.csi.aws.com"
 
 # time, old, new, final, decision, rules, writer of every judged change in LOG, in requestReceivedTimestamp order
 EXPECTED = [
+    ("2026-11-30T02:00:02.101Z", "registered", 25, 25, "allow", [], f"system:node:{NODE}"),  # a registration
     ("2026-11-30T02:01:00.001Z", 25, 23, 23, "allow", [], f"system:node:{NODE}"),
     ("2026-11-30T02:02:11.001Z", 23, 20, 20, "allow", [], f"system:node:{NODE}"),
     ("2026-11-30T02:03:12.001Z", 20, 21, 21, "allow", [], f"system:node:{NODE}"),
     ("2026-11-30T02:03:20.001Z", 21, 39, 21, "deny", ["count-ceiling", "count-rollback", "change-rate"],
      f"system:node:{NODE}"),
+    # The Metadata-level update before it (not judgeable) stored 22 above the trusted 21: judged from 21 (its
+    # message says so), refused, so 22 stays.
     ("2026-11-30T02:06:40.001Z", 22, 24, 22, "deny", ["writer-identity", "count-rollback"],
      "system:node:ip-10-0-2-51.ec2.internal"),
     ("2026-11-30T02:07:50.001Z", 24, 128, 24, "deny", ["writer-identity", "count-ceiling", "count-rollback"],
@@ -64,18 +67,18 @@ def test_replay_reports_what_the_guard_would_have_done_per_event_and_in_summary(
     assert rows_of(doc["events"]) == [tuple(e) for e in EXPECTED]
     assert {e["node"] for e in doc["events"]} == {NODE}
     assert {e["driver"] for e in doc["events"]} == {EBS}
-    assert [e["dryRun"] for e in doc["events"]] == [False] * 5 + [True]
+    assert [e["dryRun"] for e in doc["events"]] == [False] * 6 + [True]
     s = doc["summary"]
     assert s["lines"] == 17 and s["badLines"] == 2
     assert s["csinodeWrites"] == 10
-    assert s["notCalled"] == 2  # kubelet's create and its registration of ebs.csi.aws.com
-    assert s["judged"] == 6
+    assert s["notCalled"] == 1  # kubelet's create and its registration of ebs.csi.aws.com are judged now
+    assert s["judged"] == 7
     assert s["notJudgeable"] == {"metadataLevel": 1, "noPreviousVersion": 1, "failedInCluster": 0, "unreadable": 0}
     assert s["skipped"] == {"notAuditEvents": 0, "otherResources": 1, "otherStages": 1, "reads": 0}
-    assert s["byDecision"] == {"allow": 3, "deny": 3}
+    assert s["byDecision"] == {"allow": 4, "deny": 3}
     assert s["byRule"]["writer-identity"] == {"deny": 2}
     assert s["byRule"]["change-rate"] == {"deny": 1}
-    assert s["topNodes"] == [{"name": NODE, "changes": 6, "allow": 3, "deny": 3}]
+    assert s["topNodes"] == [{"name": NODE, "changes": 7, "allow": 4, "deny": 3}]
     assert s["changesPerMinute"]["peak"] == 2
     assert s["changesPerMinute"]["busiest"][0] == {"minute": "2026-11-30T02:03", "changes": 2}
     assert s["order"] == {"reordered": 1, "late": 0}
@@ -146,7 +149,7 @@ def test_the_cluster_facts_come_from_the_log() -> None:
     instance type's, and the 23 -> 20 decrease is a correction (hence count-rollback at 02:03:20)."""
     rows: list[Row] = []
     replay([LOG], load_policy(), rows.append)
-    deny = rows[3]
+    deny = rows[4]
     assert "count-rollback" in deny.rules
     assert "undoes the correction 23 -> 20" in deny.message
 
@@ -156,13 +159,13 @@ def test_table_format_streams_rows_then_the_summary() -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split()[:5] == ["TIME", "NODE", "DRIVER", "OLD", "->"]
-    row = lines[4]
+    row = lines[5]
     assert row.startswith(f"2026-11-30T02:03:20.001Z {NODE}")
     assert "21 -> 39" in row and " deny " in row and "count-ceiling,count-rollback,change-rate" in row
-    assert lines[6].endswith("kubernetes-admin (dry run)")
+    assert lines[7].endswith("kubernetes-admin (dry run)")
     assert "Summary" in lines
     text = result.stdout
-    assert "6 would reach the guard, 2 would not" in text
+    assert "7 would reach the guard, 1 would not" in text
     assert "1 at Metadata level (no objects)" in text
     assert "bad lines:    2" in text
     assert "changes per minute: peak 2" in text
@@ -194,7 +197,7 @@ def test_events_later_than_the_reorder_window_are_replayed_as_they_come_and_coun
     result = cli("--audit-log", str(LOG), "--format", "json", "--reorder-window", "0s")
     doc = json.loads(result.stdout)
     assert doc["summary"]["order"] == {"reordered": 1, "late": 1}
-    assert [e["time"][11:19] for e in doc["events"]][2:4] == ["02:03:20", "02:03:12"]
+    assert [e["time"][11:19] for e in doc["events"]][3:5] == ["02:03:20", "02:03:12"]  # after the registration
 
 
 def test_guard_audit_records_for_the_audit_commands(tmp_path: Path) -> None:
@@ -202,7 +205,7 @@ def test_guard_audit_records_for_the_audit_commands(tmp_path: Path) -> None:
     result = cli("--audit-log", str(LOG), "--guard-audit-out", str(out), "--format", "json")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["endpoint"] for r in records].count("mutate") == 6
+    assert [r["endpoint"] for r in records].count("mutate") == 7  # the registration is judged too
     denied = [r for r in records if r["decision"] == "deny"]
     assert [r["new"] for r in denied] == [39, 24, 128]
     assert denied[-1]["dryRun"] is True

@@ -147,7 +147,8 @@ def test_other_writers_are_a_violation(user: str, groups: tuple[str, ...], why: 
     found = writer_identity.check(context(user=user, groups=groups, policy=LISTED))
 
     assert found == [
-        Violation(rule="writer-identity", action=EnforcementAction.DENY, why=why, proceed=PROCEED, clamp_to=None)
+        # clamp_to: the count a denial keeps, which is what a deny does where writes are never refused.
+        Violation(rule="writer-identity", action=EnforcementAction.DENY, why=why, proceed=PROCEED, clamp_to=25)
     ]
 
 
@@ -157,10 +158,15 @@ def test_a_decrease_by_another_writer_is_a_violation_too() -> None:
     assert found[0].action is EnforcementAction.DENY
 
 
-def test_a_violation_has_no_clamp_and_no_freeze() -> None:
+def test_a_violation_keeps_the_old_count_and_never_freezes() -> None:
     (found,) = writer_identity.check(context(user="alice"))
-    assert found.clamp_to is None
+    assert found.clamp_to == 25
     assert found.freeze is False
+
+
+def test_a_decrease_by_another_writer_has_nothing_to_clamp_to() -> None:
+    (found,) = writer_identity.check(context(25, 10, user="alice"))
+    assert found.clamp_to is None
 
 
 @pytest.mark.parametrize(

@@ -144,6 +144,7 @@ def test_a_version_older_than_the_last_accepted_change_is_a_rollback_that_freeze
             action=DENY,
             why="driver version rolled back v1.37.0 -> v1.31.0; increases are frozen for 6h",
             proceed="roll the driver forward, or have an approver justify the rollback",
+            clamp_to=25,  # the last accepted count: what a deny keeps, and where a registration is clamped to
             freeze=True,
         )
     ]

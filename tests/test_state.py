@@ -17,6 +17,7 @@ from webhook.state import (
     STATE_ANNOTATION,
     Approval,
     Correction,
+    DeclaredVersion,
     EntryState,
     GuardState,
     StateKeys,
@@ -254,6 +255,11 @@ states = st.builds(
     uid=st.just(UID),
     entries=st.dictionaries(names, entries, max_size=3),
     approvals=st.lists(approvals, max_size=2).map(tuple),
+    declared=st.dictionaries(
+        names,
+        st.builds(DeclaredVersion, version=st.text(max_size=10), set_by=st.text(max_size=8), set_at=ms_times),
+        max_size=2,
+    ),
 )
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -156,9 +156,9 @@ def build_records(
         record.update(
             driver=driver,
             change=change.change.kind.value,
-            old=_count(change.change.old),
+            old=_count(change.before),
             new=_count(change.change.new),
-            final=_count(change.final) if decision.response.allowed else _count(change.change.old),
+            final=_count(change.final) if decision.response.allowed else _count(change.before),
             writerVersion=change.writer_version,
             rules=[_rule(o) for o in own] + request_level,
         )

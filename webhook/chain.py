@@ -29,52 +29,24 @@ import jsonpatch
 from webhook.budget import IncreaseBudget
 from webhook.cluster import ClusterView
 from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate
-from webhook.justification import JUSTIFICATION_ANNOTATION
 from webhook.policy import Policy
+from webhook.registration import webhook_entry
 from webhook.review import AdmissionRequest, build_response, parse_review
-from webhook.state import STATE_ANNOTATION, StateKeys
+from webhook.state import StateKeys
 
-GUARD_ANNOTATIONS = (STATE_ANNOTATION, JUSTIFICATION_ANNOTATION)
 _GVK = {"group": "storage.k8s.io", "version": "v1", "kind": "CSINode"}
 _GVR = {"group": "storage.k8s.io", "version": "v1", "resource": "csinodes"}
 _OPTIONS_KIND = {"UPDATE": "UpdateOptions", "CREATE": "CreateOptions", "DELETE": "DeleteOptions"}
 
 
-def _annotation_list(obj: Mapping[str, Any] | None, key: str) -> list[str]:
-    annotations = ((obj or {}).get("metadata") or {}).get("annotations")
-    if isinstance(annotations, Mapping) and key in annotations:
-        return [annotations[key]]
-    return []
-
-
-def _drivers(obj: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    raw = ((obj or {}).get("spec") or {}).get("drivers")
-    return [d for d in raw if isinstance(d, Mapping)] if isinstance(raw, list) else []
-
-
-def _count_list(entry: Mapping[str, Any]) -> list[Any]:
-    allocatable = entry.get("allocatable")
-    if isinstance(allocatable, Mapping) and allocatable.get("count") is not None:
-        return [allocatable["count"]]
-    return []
-
-
 def reaches_guard(operation: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> bool:
-    """True when the webhook registration's ``matchConditions`` send this write to the guard.
+    """True when one of the webhook entries' ``matchConditions`` sends this write to the guard.
 
-    Mirrors ``webhook.registration.MATCH_CONDITIONS``: only UPDATE, and only when a guard annotation is added,
-    removed or changed, or a driver present in both objects (matched by name) changes its count.
+    Mirrors ``webhook.registration.MATCH_CONDITIONS`` and ``NEVER_REFUSED_MATCH_CONDITIONS``
+    (:func:`webhook.registration.webhook_entry`): CREATE, and an UPDATE with a count change, a registration, a
+    removal or a guard annotation change.
     """
-    if operation != "UPDATE":
-        return False
-    if any(_annotation_list(new, k) != _annotation_list(old, k) for k in GUARD_ANNOTATIONS):
-        return True
-    old_by_name = {d.get("name"): d for d in _drivers(old)}
-    for d in _drivers(new):
-        o = old_by_name.get(d.get("name"))
-        if o is not None and _count_list(d) != _count_list(o):
-            return True
-    return False
+    return webhook_entry(operation, old, new) is not None
 
 
 def build_review(

@@ -4,7 +4,10 @@ Facts from kubelet (pkg/volume/csi/nodeinfomanager): kubelet writes CSINode with
 driver it updates and re-appends it at the end of ``spec.drivers``, so entries are matched by ``name``, never
 by index. ``allocatable`` or ``allocatable.count`` absent means unbounded (NodeGetInfo ``max_volumes_per_node
 == 0``); kubelet cuts values above int32 to 2147483647. A driver entry that appears is a registration, one that
-disappears a removal: neither is a change (kubelet marks the node NotReady when it cannot register).
+disappears a removal. kubelet's ``InstallCSIDriver`` also rewrites an entry that is still there when its
+``nodeID`` or ``topologyKeys`` differ (a plugin registering again on a node whose instance changed): that is a
+registration too. Registrations are judged but never refused (kubelet marks the node NotReady, and finally exits,
+when it cannot register); removals are never judged.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class CSINodeDriver(NamedTuple):
     node_id: str
     allocatable_count: int | None
     position: int
+    topology_keys: tuple[str, ...] = ()
 
 
 class CSINode(NamedTuple):
@@ -87,11 +91,15 @@ def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
         node_id = entry.get("nodeID") or ""
         if type(node_id) is not str:
             raise CSINodeError(f"{where}.spec.drivers[{i}].nodeID must be a string")
+        topology = entry.get("topologyKeys") or []
+        if type(topology) is not list or not all(type(k) is str for k in topology):
+            raise CSINodeError(f"{where}.spec.drivers[{i}].topologyKeys must be a list of strings")
         drivers[name] = CSINodeDriver(
             name,
             node_id,
             _read_count(entry.get("allocatable"), where, i),
             i,
+            tuple(topology),
         )
     name = metadata.get("name") or ""
     uid = metadata.get("uid") or ""
@@ -134,6 +142,11 @@ class ChangeKind(enum.StrEnum):
 class CountChange(NamedTuple):
     """A change of one driver entry's allocatable count (an immutable named tuple). ``None`` counts mean
     unbounded (+infinity). ``position`` is the entry's index in the new object's ``spec.drivers`` (for patches).
+
+    ``registration`` marks a driver entry that appears (also right after its removal, and every entry of a
+    CREATE) or that kubelet rewrote with another ``nodeID``/``topologyKeys``. Its ``old`` is the count the
+    entry had before (None when it had none: unbounded, or no history; :func:`diff_drivers` gives None for an
+    entry that appears, the evaluation puts in the count its state retained).
     """
 
     node: str
@@ -141,6 +154,7 @@ class CountChange(NamedTuple):
     old: int | None
     new: int | None
     position: int
+    registration: bool = False
 
     @property
     def kind(self) -> ChangeKind:
@@ -162,19 +176,46 @@ def format_count(count: int | None) -> str:
     return "unbounded" if count is None else str(count)
 
 
-def diff_drivers(old: CSINode, new: CSINode) -> list[CountChange]:
+def is_reregistered(before: CSINodeDriver, after: CSINodeDriver) -> bool:
+    """True when kubelet's ``InstallCSIDriver`` rewrote the entry: same name, another ``nodeID`` or
+    ``topologyKeys`` (pkg/volume/csi/nodeinfomanager ``installDriverToCSINode``)."""
+    return before.node_id != after.node_id or before.topology_keys != after.topology_keys
+
+
+def removed_drivers(old: CSINode, new: CSINode) -> list[str]:
+    """Names of the driver entries in ``old`` that ``new`` no longer has (removals; never judged)."""
+    return [name for name in old.drivers if name not in new.drivers]
+
+
+def diff_drivers(old: CSINode, new: CSINode, *, registrations: bool = False) -> list[CountChange]:
     """The count changes from ``old`` to ``new``, matched by driver name, in the new object's order.
 
-    Registrations (only in ``new``) and removals (only in ``old``) are not changes.
+    Removals (only in ``old``) are never changes. Registrations (only in ``new``, or rewritten with another
+    ``nodeID``/``topologyKeys``) are listed as changes with ``registration=True`` when ``registrations`` is
+    set (an entry that appears gets ``old=None``), and left out otherwise.
     """
     changes: list[CountChange] = []
+    node = new.name or old.name
     for name, entry in new.drivers.items():  # in position order: parse_csinode fills drivers in list order
         before = old.drivers.get(name)
-        if before is None or before.allocatable_count == entry.allocatable_count:
+        if before is None or is_reregistered(before, entry):
+            if registrations:
+                changes.append(
+                    CountChange(
+                        node=node,
+                        driver=name,
+                        old=before.allocatable_count if before is not None else None,
+                        new=entry.allocatable_count,
+                        position=entry.position,
+                        registration=True,
+                    )
+                )
+            continue
+        if before.allocatable_count == entry.allocatable_count:
             continue
         changes.append(
             CountChange(
-                node=new.name or old.name,
+                node=node,
                 driver=name,
                 old=before.allocatable_count,
                 new=entry.allocatable_count,

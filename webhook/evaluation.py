@@ -9,6 +9,18 @@ Combination: every rule runs on every change. Scope (``spec.enforcementScope``) 
 into ``dryrun`` (exempt principals are evaluated and audited as if enforced, but never blocked); /validate turns
 an unapplied ``clamp`` into ``deny``. Any ``deny`` -> denied (403, one line per violation); otherwise clamps ->
 the most restrictive allowed count (closest to the old one); ``warn`` -> warnings; ``dryrun`` -> audit only.
+
+Writes that are never refused (DESIGN.md, the asymmetry): a CREATE, and an UPDATE with a registration or a
+removal but no increase of an entry that stays, or with only decreases. kubelet exits when it cannot register
+a driver, so on these a ``deny`` acts as a ``clamp`` (to the count the rule would have kept), a finding with
+nothing lower to clamp to is a warning, and /validate only warns. A registration is judged from the entry's
+retained state (the count before removal, its writer version, freeze and correction); a forged annotation on
+such a write is put back by the patch instead of refusing the write. Removals are never judged.
+
+Reconciliation: the signed state records the last count the guard accepted. When a write went through unjudged
+(the guard down under ``failurePolicy: Ignore``), the object's count differs from it: a lower one counts as
+accepted, a higher one is judged as a change from the last accepted count (and is never refused for an entry
+the write does not touch).
 """
 
 from __future__ import annotations
@@ -24,9 +36,24 @@ from typing import Any, NamedTuple
 
 from webhook.budget import IncreaseBudget
 from webhook.cluster import AttachError, AttachErrorClass, ClusterView
-from webhook.csinode import CountChange, CSINode, CSINodeError, diff_drivers, format_count, parse_csinode
+from webhook.csinode import (
+    CountChange,
+    CSINode,
+    CSINodeError,
+    diff_drivers,
+    format_count,
+    parse_csinode,
+    removed_drivers,
+)
 from webhook.justification import JUSTIFICATION_ANNOTATION, JustificationError, parse_justifications
-from webhook.patch import Operation, remove_annotation, replace_drivers, set_annotation, set_count
+from webhook.patch import (
+    Operation,
+    remove_annotation,
+    replace_drivers,
+    restore_managed_fields,
+    set_annotation,
+    set_count,
+)
 from webhook.policy import STATE_INTEGRITY, DriverPolicy, EnforcementAction, Policy
 from webhook.review import AdmissionRequest, AdmissionResponse
 from webhook.rules import RULES
@@ -38,6 +65,7 @@ from webhook.state import (
     STATE_ANNOTATION,
     Approval,
     Correction,
+    DeclaredVersion,
     DecodedState,
     EntryState,
     GuardState,
@@ -92,6 +120,14 @@ class ChangeOutcome(NamedTuple):
     correction: str | None = None
     frozen: bool = False
     notes: tuple[str, ...] = ()
+    stored: tuple[int | None, ...] = ()
+    """The count the object held before the write, when it is not ``change.old`` (an entry judged from the last
+    count the guard accepted, after a write that went through unjudged); empty otherwise."""
+
+    @property
+    def before(self) -> int | None:
+        """The count the object held before the write (what a refusal keeps)."""
+        return self.stored[0] if self.stored else self.change.old
 
 
 class AdmissionDecision(NamedTuple):
@@ -136,8 +172,12 @@ records that repeat every other change's lines."""
 
 def _line(node: str, change: CountChange | None, v: Violation, suffix: str = "") -> str:
     if change is None:
-        # A request-level finding is about an annotation: the guard's state or the justification.
-        where = f"{node}: {STATE_ANNOTATION if v.rule == STATE_INTEGRITY else JUSTIFICATION_ANNOTATION}"
+        # A request-level finding is about an annotation: the guard's state, the justification, driver versions.
+        annotation = v.annotation or (STATE_ANNOTATION if v.rule == STATE_INTEGRITY else JUSTIFICATION_ANNOTATION)
+        where = f"{node}: {annotation}"
+    elif change.registration:
+        before = "" if change.old is None else f"{format_count(change.old)} -> "
+        where = f"{node}/{change.driver} (registration): {before}{format_count(change.new)}{suffix}"
     else:
         where = f"{node}/{change.driver}: {format_count(change.old)} -> {format_count(change.new)}{suffix}"
     return f"[{v.rule}] {where}: {v.why}; {v.proceed}"
@@ -184,17 +224,26 @@ def _skip(warning: str | None = None) -> AdmissionDecision:
     )
 
 
-def _driver_version(dp: DriverPolicy, obj: CSINode, cluster: ClusterView, node: str, driver: str) -> str | None:
+def _driver_version(
+    dp: DriverPolicy, declared: Mapping[str, DeclaredVersion], cluster: ClusterView, node: str, driver: str
+) -> str | None:
+    """The driver's version on the node from the policy's source. The ``annotation`` source counts only what
+    a trusted principal declared (recorded in the signed state), never the annotation's current value: the
+    node's kubelet can write the annotation, and would otherwise declare its own version."""
     source = dp.version_source
     if source.type == "pod":
         return cluster.driver_version(node, driver)
     if source.type == "kubelet":
         return cluster.kubelet_version(node)
-    raw = obj.annotations.get(source.annotation)
-    if not raw:
-        return None
-    value = (_published_versions if len(raw) <= MAX_REMEMBERED_ANNOTATION else _decode_versions)(raw).get(driver)
-    return value if isinstance(value, str) and value else None
+    found = declared.get(driver)
+    return found.version if found is not None else None
+
+
+def _above(count: int | None, trusted: int | None) -> bool:
+    """True when ``count`` is higher than ``trusted`` (None = unbounded, higher than any count)."""
+    if trusted is None:
+        return False
+    return count is None or count > trusted
 
 
 MAX_REMEMBERED_ANNOTATION = 1024
@@ -215,6 +264,39 @@ def _decode_versions(raw: str) -> Mapping[str, Any]:
     except (ValueError, RecursionError):  # JSONDecodeError, or an integer over 4300 digits
         return {}
     return MappingProxyType(versions) if isinstance(versions, dict) else {}
+
+
+_BOOKKEEPING = ("resourceVersion", "managedFields", "generation")
+"""``metadata`` fields the apiserver maintains itself: compared apart when a write is checked for being a no-op."""
+
+
+def _restore_managed_fields(obj: Mapping[str, Any] | None, old: Mapping[str, Any] | None) -> list[Operation]:
+    """The operation restoring the stored ``metadata.managedFields`` when ``obj`` (with the stored drivers
+    restored) differs from ``old`` in nothing else but what the apiserver maintains; else no operation.
+
+    The apiserver computes managed fields from the object its writer sent, before mutating admission (kube-
+    apiserver's update handler); a kubelet that reported no count gives up ``f:allocatable`` there although the
+    clamp kept the count. Restoring them makes the stored object byte-identical, so etcd is not written.
+    """
+    if not isinstance(obj, Mapping) or not isinstance(old, Mapping):
+        return []
+    meta, old_meta = obj.get("metadata"), old.get("metadata")
+    if not isinstance(meta, Mapping) or not isinstance(old_meta, Mapping):
+        return []
+    if meta.get("managedFields") == old_meta.get("managedFields"):
+        return []
+    rest = {k: v for k, v in meta.items() if k not in _BOOKKEEPING}
+    old_rest = {k: v for k, v in old_meta.items() if k not in _BOOKKEEPING}
+    spec, old_spec = obj.get("spec") or {}, old.get("spec") or {}
+    if rest != old_rest or not isinstance(spec, Mapping) or not isinstance(old_spec, Mapping):
+        return []
+    if {k: v for k, v in spec.items() if k != "drivers"} != {k: v for k, v in old_spec.items() if k != "drivers"}:
+        return []
+    others = {k: v for k, v in obj.items() if k not in ("metadata", "spec")}
+    if others != {k: v for k, v in old.items() if k not in ("metadata", "spec")}:
+        return []
+    stored = old_meta.get("managedFields")
+    return [restore_managed_fields(stored if isinstance(stored, list) else None)]
 
 
 def _raw_drivers(obj: Mapping[str, Any] | None) -> list[Any]:
@@ -296,25 +378,29 @@ def evaluate(
     with ``budget_clock`` seconds.
 
     Never raises for bad input: an UPDATE without ``oldObject`` or with an object that is not a CSINode gives an
-    ``invalid`` decision (``allowed: false``, code 400). CREATE, DELETE, registrations and removals are allowed;
-    another resource or operation reaching the webhook is allowed with a warning.
+    ``invalid`` decision (``allowed: false``, code 400). A CREATE is judged as the registration of each of its
+    drivers (never refused; a state it carries belongs to another object and is removed); a DELETE is allowed
+    unjudged; another resource or operation reaching the webhook is allowed with a warning.
     """
     if not request.is_csinode:
         what = f"{request.resource}.{request.group}/{request.version}"
         if request.sub_resource:
             what += f"/{request.sub_resource}"
         return _skip(f"csinode-guard judges only storage.k8s.io/v1 csinodes, not {what}; check its webhook rules")
-    if request.operation in ("CREATE", "DELETE"):
+    if request.operation == "DELETE":
         return _skip()
-    if request.operation != "UPDATE":
-        return _skip(f"csinode-guard judges only UPDATE of csinodes, not {request.operation}")
-    if request.old_object is None:
+    if request.operation not in ("CREATE", "UPDATE"):
+        return _skip(f"csinode-guard judges only CREATE and UPDATE of csinodes, not {request.operation}")
+    if request.old_object is None and request.operation == "UPDATE":
         return _invalid("UPDATE of a CSINode without oldObject: csinode-guard cannot tell what changed")
     if request.object is None:
-        return _invalid("UPDATE of a CSINode without object")
+        return _invalid(f"{request.operation} of a CSINode without object")
     try:
-        old = parse_csinode(request.old_object, "oldObject")
         new = parse_csinode(request.object, "object")
+        if request.operation == "CREATE":
+            old = CSINode(new.name, "", {}, {}, False)
+        else:
+            old = parse_csinode(request.old_object or {}, "oldObject")
     except CSINodeError as exc:
         return _invalid(f"not a valid CSINode: {exc}")
     except RecursionError:
@@ -349,6 +435,8 @@ class _Evaluation:
         self.old = old
         self.new = new
         self.node = new.name or old.name or request.name
+        self.create = request.operation == "CREATE"
+        # At CREATE the object has no UID yet while mutating admission runs: no state can be signed for it.
         self.uid = old.uid or new.uid
         self.findings: list[_Finding] = []
         self.findings_by_change: dict[int, list[_Finding]] = {}  # by id() of the CountChange: linear in drivers
@@ -370,6 +458,12 @@ class _Evaluation:
         self.approvals: list[Approval] = list(state.approvals) if state is not None else []
         self.approvals_by_driver: dict[str, tuple[Approval, ...]] = {}
         self.approvals_recorded = 0
+        self.declared: dict[str, DeclaredVersion] = dict(state.declared) if state is not None else {}
+        self.declared_changed = False
+        self.never_refused = False  # the whole write: set by run() before any rule runs
+        self.soft_drivers: set[str] = set()  # entries the write does not touch, reconciled: never refused
+        self.restore_annotations: list[str] = []  # annotations a stranger changed on a write never refused
+        self.stored_before: dict[str, int | None] = {}  # entries judged from the state's count: what was stored
 
     @property
     def budget_clock(self) -> float:
@@ -377,10 +471,23 @@ class _Evaluation:
         return self._budget_clock if self._budget_clock is not None else self.now.timestamp()
 
     # -- findings -------------------------------------------------------------------------------------------
+    def _soft(self, change: CountChange | None, rule: str) -> bool:
+        """True when ``rule``'s findings on ``change`` (None: request-level) may clamp or warn but never deny: on
+        a write that is never refused, and for a count rule on an entry judged from its last trusted count (a
+        refusal would keep the untrusted stored count; who writes is judged as usual)."""
+        if self.never_refused:
+            return True
+        return change is not None and change.driver in self.soft_drivers and rule != WRITER_IDENTITY
+
     def _effective(self, v: Violation, change: CountChange | None) -> EnforcementAction:
         action = v.action
         if not self.in_scope or self.exempt:
             return EnforcementAction.DRYRUN
+        if self._soft(change, v.rule) and action in (EnforcementAction.DENY, EnforcementAction.CLAMP):
+            # Never refused: a deny acts as a clamp; with nothing lower to clamp to (or in /validate, which
+            # cannot patch) the finding is a warning.
+            lowers = change is not None and v.clamp_to is not None and (change.new is None or v.clamp_to < change.new)
+            return EnforcementAction.CLAMP if lowers and self.mode is Mode.MUTATE else EnforcementAction.WARN
         if action is EnforcementAction.CLAMP and v.clamp_to is None and change is not None and not change.is_increase:
             # Nothing to clamp to, and a lower count is the safe direction: say so, do not block.
             return EnforcementAction.WARN
@@ -429,10 +536,16 @@ class _Evaluation:
                     proceed="ask a principal listed under spec.justifiers to set the justification",
                 ),
             )
+            if self.never_refused:
+                self.restore_annotations.append(JUSTIFICATION_ANNOTATION)
             return None
         try:
             parsed = parse_justifications(new_value)
         except JustificationError as exc:
+            if self.never_refused:
+                self.notes.append(f"{JUSTIFICATION_ANNOTATION} not recorded: {exc}")
+                self.restore_annotations.append(JUSTIFICATION_ANNOTATION)
+                return None
             return _invalid(str(exc))
         known = {(a.driver, a.min_count, a.max_count, a.expires, a.reason, a.ticket) for a in self.approvals}
         for j in parsed:
@@ -464,6 +577,100 @@ class _Evaluation:
             by_driver.setdefault(a.driver, []).append(a)
         self.approvals_by_driver = {d: tuple(found) for d, found in by_driver.items()}
 
+    def _record_versions(self) -> None:
+        """Record the driver versions a trusted principal declares in a version annotation, with who set them;
+        a change by anyone else is a writer-identity finding (like a justification from a stranger) and is
+        not recorded (on a write never refused, the patch puts the annotation back)."""
+        who = self.request.username or "(anonymous)"
+        for annotation in sorted(self.policy.version_annotations):
+            old_value = self.old.annotations.get(annotation)
+            new_value = self.new.annotations.get(annotation)
+            if new_value == old_value:
+                continue
+            if not self.policy.declares_versions(self.request.username, self.request.groups):
+                self._add(
+                    None,
+                    Violation(
+                        rule=WRITER_IDENTITY,
+                        action=self.policy.default_driver.rules.identity_action,
+                        why=f"{who} is not a version reporter the policy lists, so it cannot declare driver versions",
+                        proceed="let a principal listed under spec.versionReporters publish the versions, or use "
+                        "versionSource pod or kubelet",
+                        annotation=annotation,
+                    ),
+                )
+                if self.never_refused:
+                    self.restore_annotations.append(annotation)
+                continue
+            raw = new_value or ""
+            versions = (_published_versions if len(raw) <= MAX_REMEMBERED_ANNOTATION else _decode_versions)(raw)
+            if new_value and not versions:
+                self.notes.append(f"{annotation} is not a JSON object of driver versions; nothing recorded")
+            for driver, version in versions.items():
+                if not isinstance(version, str) or not version:
+                    continue
+                known = self.declared.get(driver)
+                if known is None or known.version != version:
+                    self.declared[driver] = DeclaredVersion(version, self.request.username, self.now)
+                    self.declared_changed = True
+            for driver in list(self.declared):
+                source = self.policy.for_driver(driver).version_source
+                if driver not in versions and source.type == "annotation" and source.annotation == annotation:
+                    del self.declared[driver]  # the reporter no longer declares it
+                    self.declared_changed = True
+
+    def _classify(self) -> list[CountChange]:
+        """The changes to judge, each from the last count the guard trusts, and whether the write may be refused.
+
+        A registration of an entry that appears starts from the count the state retained for it (the count
+        before removal; None without history). Any other entry starts from the lower of the stored count and
+        the state's: a higher stored count went through unjudged, so it is judged as a change from the state's
+        count — also for an entry the write does not touch — and is clamped, never refused (a refusal would
+        keep the untrusted count).
+        """
+        raw = diff_drivers(self.old, self.new, registrations=True)
+        touched = {c.driver for c in raw}
+        structural = self.create or bool(removed_drivers(self.old, self.new)) or any(c.registration for c in raw)
+        increase = any(c.is_increase and not c.registration for c in raw)
+        # The webhook entries' matchConditions split writes the same way (webhook/registration.py): these reach
+        # the guard under failurePolicy Ignore, and the guard never refuses them either (kubelet exits when it
+        # cannot register a driver). Decreases also come under Ignore but are judged as usual.
+        self.never_refused = structural and not increase
+        changes: list[CountChange] = []
+        for c in raw:
+            entry = self.entries.get(c.driver)
+            if c.registration and c.driver not in self.old.drivers:
+                changes.append(c._replace(old=entry.count) if entry is not None else c)
+                continue
+            if entry is None or not _above(c.old, entry.count):
+                changes.append(c)
+                continue
+            self.notes.append(
+                f"{self.node}/{c.driver}: the stored count {format_count(c.old)} is above the last count "
+                f"csinode-guard accepted ({format_count(entry.count)}): judged from {format_count(entry.count)}"
+            )
+            rebased = c._replace(old=entry.count)
+            if rebased.old == rebased.new and not rebased.registration:
+                continue
+            self.stored_before[c.driver] = c.old
+            # Refusing would keep the stored count, which is higher than anything trusted: clamp instead.
+            self.soft_drivers.add(rebased.driver)
+            changes.append(rebased)
+        for name, driver in self.new.drivers.items():
+            entry = self.entries.get(name)
+            if name in touched or entry is None or name not in self.old.drivers:
+                continue
+            if _above(driver.allocatable_count, entry.count):
+                self.notes.append(
+                    f"{self.node}/{name}: the stored count {format_count(driver.allocatable_count)} is above the "
+                    f"last count csinode-guard accepted ({format_count(entry.count)}); it went through unjudged "
+                    "and is judged now"
+                )
+                self.soft_drivers.add(name)
+                self.stored_before[name] = driver.allocatable_count
+                changes.append(CountChange(self.node, name, entry.count, driver.allocatable_count, driver.position))
+        return changes
+
     def _judge(self, change: CountChange) -> None:
         dp = self.policy.for_driver(change.driver)
         errors = self.cluster.attach_errors(
@@ -476,7 +683,7 @@ class _Evaluation:
             writer=self.writer,
             entry=self.entries.get(change.driver),
             approvals=self.approvals_by_driver.get(change.driver, ()),
-            driver_version=_driver_version(dp, self.new, self.cluster, self.node, change.driver),
+            driver_version=_driver_version(dp, self.declared, self.cluster, self.node, change.driver),
             node_labels=self.labels,
             attach_errors=errors,
             update_period=self.cluster.driver_update_period(change.driver),
@@ -500,7 +707,7 @@ class _Evaluation:
         """Take the admitted increases from the cluster-wide budget; True when it was used up (findings added)."""
         if self.budget is None or self.mode is not Mode.MUTATE:
             return False
-        rising = [c for c in changes if self._rises(c, finals[c.driver])]
+        rising = [c for c in changes if not c.registration and self._rises(c, finals[c.driver])]
         if not rising:
             return False
         if self.request.dry_run:
@@ -575,6 +782,14 @@ class _Evaluation:
                     message=_line(self.node, c, f.violation, f" (clamped to {format_count(c.old)})"),
                 )
 
+    def _with_stored(self, outcome: ChangeOutcome) -> ChangeOutcome:
+        driver = outcome.change.driver
+        return outcome._replace(stored=(self.stored_before[driver],)) if driver in self.stored_before else outcome
+
+    def _stored_count(self, change: CountChange) -> int | None:
+        stored = self.old.drivers.get(change.driver)
+        return stored.allocatable_count if stored is not None else change.old
+
     def _freezes(self, f: _Finding) -> bool:
         """A version rollback freezes increases unless its finding only ran as a dry run."""
         if not f.violation.freeze or not self.in_scope or self.exempt:
@@ -606,6 +821,8 @@ class _Evaluation:
     def _check_integrity(self, changes: Sequence[CountChange]) -> None:
         old_value = self.old.annotations.get(STATE_ANNOTATION)
         new_value = self.new.annotations.get(STATE_ANNOTATION)
+        if self.create or not self.uid:
+            return  # no state can be signed for an object without a UID; /mutate removed any it carried
         if not changes and new_value == old_value:
             return
         action = self.policy.default_driver.rules.integrity_action
@@ -643,11 +860,21 @@ class _Evaluation:
         for c in changes:
             final = finals[c.driver]
             ctx = self.contexts[c.driver]
-            if final == c.old:
-                outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
-                continue
             prev = self.entries.get(c.driver)
             freeze = any(self._freezes(f) for f in grouped.get(id(c), ()))
+            if final == c.old and not c.registration:
+                outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
+                continue
+            if (
+                c.registration
+                and prev is not None
+                and prev.count == final
+                and not freeze
+                and ctx.driver_version in (None, prev.writer_version)
+            ):
+                # A plugin restart that brings the entry back as it was: nothing new to record (no state churn).
+                outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
+                continue
             frozen_until = prev.frozen_until if prev and prev.frozen_until and prev.frozen_until > self.now else None
             if freeze:
                 frozen_until = self.now + timedelta(seconds=ctx.driver_policy.rules.freeze_for)
@@ -662,9 +889,10 @@ class _Evaluation:
                     basis = "justification"
                 if basis:
                     correction = Correction(at=self.now, before=c.old, after=final, basis=basis)
+            same = c.registration and prev is not None and prev.count == final
             entry = EntryState(
                 count=final,
-                changed_at=self.now,
+                changed_at=prev.changed_at if same and prev is not None else self.now,
                 writer_version=ctx.driver_version or (prev.writer_version if prev else None),
                 frozen_until=frozen_until,
                 correction=correction,
@@ -673,16 +901,18 @@ class _Evaluation:
                 entries = dict(self.entries)
             entries[c.driver] = entry
             outcomes.append(ChangeOutcome(c, final, ctx.driver_version, basis, freeze))
-        if entries is None and not self.approvals_recorded:
+        if (entries is None and not self.approvals_recorded and not self.declared_changed) or not self.uid:
             return None, outcomes
         # Entries of drivers that are not in the object now are kept: kubelet removes a driver whose node plugin
         # restarts and registers it again, and its history (freeze, correction, version) must survive that.
         approvals = tuple(a for a in self.approvals if a.expires > self.now)  # expired approvals are dropped
-        return GuardState(self.uid, self.entries if entries is None else entries, approvals), outcomes
+        state = GuardState(self.uid, self.entries if entries is None else entries, approvals, self.declared)
+        return state, outcomes
 
     def _patch(self, changes: Sequence[CountChange], finals: Mapping[str, int | None],
                new_state: GuardState | None) -> list[Operation]:
         ops: list[Operation] = []
+        restore_bookkeeping = False
         clamped = [c for c in changes if finals[c.driver] != c.new]
         if clamped:
             raw_new = _raw_drivers(self.request.object)
@@ -703,28 +933,44 @@ class _Evaluation:
                     entry["allocatable"] = {"count": final}
             by_name = {d.get("name"): d for d in final_drivers if isinstance(d, dict)}
             old_by_name = {d.get("name"): d for d in raw_old if isinstance(d, dict)}
-            if by_name == old_by_name and final_drivers != raw_old:
-                # The clamped result equals the stored object but kubelet re-appended the driver: restore the
-                # stored order so that the PUT is a no-op for the apiserver (nothing written to etcd).
-                ops = [replace_drivers(raw_old)]
+            if by_name == old_by_name:
+                # The clamped result equals the stored drivers: restore their stored order (kubelet re-appended
+                # the driver) and, when nothing else changes, kubelet's stored managed fields, so that the PUT
+                # is a no-op for the apiserver (nothing written to etcd, no new resourceVersion).
+                if final_drivers != raw_old:
+                    ops = [replace_drivers(raw_old)]
+                restore_bookkeeping = True
+        exists = self.new.has_annotations
+        for key in dict.fromkeys(self.restore_annotations):
+            # A stranger's annotation on a write that is never refused: put back, not refused.
+            before = self.old.annotations.get(key)
+            if before is None:
+                ops.append(remove_annotation(key))
+            else:
+                ops.extend(set_annotation(key, before, exists))
+                exists = True
         old_value = self.old.annotations.get(STATE_ANNOTATION)
         new_value = self.new.annotations.get(STATE_ANNOTATION)
         if new_state is not None:
-            ops.extend(set_annotation(STATE_ANNOTATION, encode_state(new_state, self.keys), self.new.has_annotations))
+            ops.extend(set_annotation(STATE_ANNOTATION, encode_state(new_state, self.keys), exists))
         elif new_value != old_value:
-            # Whatever a request itself puts in the state annotation is replaced.
+            # Whatever a request itself puts in the state annotation is replaced (at CREATE: removed, as it was
+            # recorded for another object).
             if old_value is None:
                 ops.append(remove_annotation(STATE_ANNOTATION))
             else:
-                ops.extend(set_annotation(STATE_ANNOTATION, old_value, self.new.has_annotations))
+                ops.extend(set_annotation(STATE_ANNOTATION, old_value, exists))
+        if restore_bookkeeping and not any(op["path"].startswith("/metadata") for op in ops):
+            ops.extend(_restore_managed_fields(self.request.object, self.request.old_object))
         return ops
 
     # -- the pipeline ---------------------------------------------------------------------------------------
     def run(self) -> AdmissionDecision:
+        changes = self._classify()
         invalid = self._record_justifications()
         if invalid is not None:
             return invalid
-        changes = diff_drivers(self.old, self.new)
+        self._record_versions()
         self._index_approvals()
         for change in changes:
             self._judge(change)
@@ -748,9 +994,14 @@ class _Evaluation:
                 warnings=(*others, *self.notes),
                 audit_annotations=self._audit_annotations(Decision.DENY),
             )
-            outcomes = [ChangeOutcome(c, c.old, self.contexts[c.driver].driver_version) for c in changes]
+            # Refused: every entry keeps what is stored (which may be above the count judged from).
+            outcomes = [
+                self._with_stored(ChangeOutcome(c, self._stored_count(c), self.contexts[c.driver].driver_version))
+                for c in changes
+            ]
             return self._decision(response, Decision.DENY, outcomes, None, problem, detail)
         new_state, change_outcomes = self._next_state(changes, finals)
+        change_outcomes = [self._with_stored(o) for o in change_outcomes]
         ops = self._patch(changes, finals, new_state) if self.mode is Mode.MUTATE else []
         warnings: list[str] = []
         decision = Decision.ALLOW

@@ -216,6 +216,7 @@ class Policy:
     writers: Principals
     justifiers: Principals
     exemptions: Principals
+    version_reporters: Principals
     scope_match_labels: Mapping[str, str] | None
     evidence_within: float
     large_decrease_fraction: float
@@ -223,6 +224,21 @@ class Policy:
     default_driver: DriverPolicy
     drivers: Mapping[str, DriverPolicy]
     document: Mapping[str, Any]
+
+    def declares_versions(self, username: str, groups: tuple[str, ...]) -> bool:
+        """True when the requester may set the driver-versions annotation: a principal listed under
+        ``spec.versionReporters``, ``spec.writers`` or ``spec.justifiers`` (never a kubelet by itself)."""
+        return any(p.contains(username, groups) for p in (self.version_reporters, self.writers, self.justifiers))
+
+    @functools.cached_property
+    def version_annotations(self) -> frozenset[str]:
+        """The annotations the ``annotation`` version sources read: ``csinode-guard.io/driver-versions`` and
+        any other name a driver's ``versionSource.annotation`` gives."""
+        names = {DRIVER_VERSIONS_ANNOTATION}
+        for d in (self.default_driver, *self.drivers.values()):
+            if d.version_source.type == "annotation":
+                names.add(d.version_source.annotation)
+        return frozenset(names)
 
     @functools.cached_property
     def evidence_window(self) -> timedelta:
@@ -609,6 +625,7 @@ def parse_policy(doc: Any, source: str = "<policy>", policy_dir: Path | None = N
         writers=_principals(spec.get("writers")),
         justifiers=_principals(spec.get("justifiers")),
         exemptions=_principals(spec.get("exemptions")),
+        version_reporters=_principals(spec.get("versionReporters")),
         scope_match_labels=dict(scope.get("matchLabels") or {}) if scope is not None else None,
         evidence_within=parse_duration(evidence.get("resourceExhaustedWithin", "15m")),
         large_decrease_fraction=float(evidence.get("largeDecreaseFraction", 0.5)),

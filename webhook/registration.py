@@ -1,4 +1,4 @@
-"""The guard's two webhook configurations, built as plain dicts.
+"""The guard's two webhook configurations, built as plain dicts: two webhook entries in each.
 
 ``csinode-guard register`` applies what :func:`build_webhook_configurations` returns, and
 ``deploy/base/webhooks.yaml`` declares the same objects for ``kubectl apply -k``; the tests in ``tests/deploy``
@@ -6,22 +6,35 @@ keep both equal (rules, matchConditions, failurePolicy, timeouts, everything but
 
 What reaches the guard, and why (Kubernetes facts this module relies on):
 
-- Only ``UPDATE`` of ``storage.k8s.io/v1`` ``csinodes``. CREATE and DELETE never reach it: kubelet creates its
-  CSINode before any driver registers, and a kubelet that cannot write its CSINode marks the node NotReady and
-  finally exits.
-- ``matchConditions`` (CEL, GA since Kubernetes 1.30) filter inside the apiserver, before any call: the webhook
-  is called only when some driver present in *both* objects changes ``allocatable.count`` (to or from absent
-  ``allocatable`` or ``count`` included), or when one of the guard's annotations changes. A driver registration
-  (a name only in ``object``), a removal (a name only in ``oldObject``), label edits, kubelet's
-  ``storage.alpha.kubernetes.io/migrated-plugins`` annotation and every other field never call the guard.
+- ``CREATE`` and ``UPDATE`` of ``storage.k8s.io/v1`` ``csinodes``; never DELETE (a removal of the whole object is
+  not judged). kubelet creates its CSINode, registers each driver into it (``InstallCSIDriver``: a driver entry
+  appears, or an entry is rewritten when its ``nodeID`` or ``topologyKeys`` changed), removes a driver whose
+  node plugin goes away, and updates counts (KEP-4876). If it cannot create its CSINode or register a driver it
+  marks the node NotReady and finally exits (~140 s of failed registration), so those writes must never fail.
+- Two entries per configuration carry DESIGN.md's asymmetry, split by complementary ``matchConditions``:
+
+  * ``mutate.csinode-guard.io`` / ``validate.csinode-guard.io``, ``failurePolicy: Fail``: an UPDATE that raises
+    the count of an entry that stays (same name, ``nodeID`` and ``topologyKeys``; bounded -> unbounded
+    included), or that changes a trust-raising annotation (justification, driver versions) or the guard's
+    state alone, without any registration or removal. A guard that is down admits none of these.
+  * ``mutate-never-refused.csinode-guard.io`` / ``validate-never-refused.csinode-guard.io``,
+    ``failurePolicy: Ignore``: every other write that matters: a CREATE, a registration, a removal, a count
+    decrease (and any guard annotation change riding on those). The guard judges them when it can (clamps a
+    registration's count, never refuses it); a guard that is down, hanging or misconfigured blocks none.
+
+  Exactly one entry of a configuration matches a write, or none (label edits, kubelet's
+  ``storage.alpha.kubernetes.io/migrated-plugins`` annotation, a PUT that changes nothing the guard reads).
+  What went through unjudged under ``Ignore`` is reconciled at the next judged write of the object (see
+  :mod:`webhook.evaluation`).
 - The documented matching logic: if any match condition is ``false`` the webhook is skipped; if all are
   ``true`` it is called; if one *errors* (and none is ``false``) the ``failurePolicy`` decides, and with
   ``Fail`` the request is rejected. A CEL error is therefore as dangerous as a denial, so the expressions are
   written never to fail on any object the apiserver can produce: ``spec.drivers`` is ``null`` (not ``[]``) on a
-  CSINode without drivers (the Go field has no ``omitempty``), ``metadata.annotations``, ``allocatable`` and
-  ``allocatable.count`` are simply absent when unset, and every access is guarded by ``has()`` or a type test.
-  The first condition, ``update-only``, keeps CREATE/DELETE out even if someone widens ``rules``: a ``false``
-  condition skips the webhook whatever the others evaluate to.
+  CSINode without drivers (the Go field has no ``omitempty``), and so is ``topologyKeys`` of a driver without
+  any; ``metadata.annotations``, ``allocatable`` and ``allocatable.count`` are simply absent when unset;
+  ``oldObject`` is ``null`` on CREATE, so every expression that reads it is behind ``request.operation ==
+  'UPDATE' &&`` (CEL's ``&&`` and ``||`` are short-circuiting, also past errors). Every access is guarded by
+  ``has()`` or a type test.
 - ``object`` and ``oldObject`` are untyped (``dyn``) maps for webhooks: the apiserver converts the versioned
   object to unstructured JSON before evaluation, so field names are the JSON ones (``allocatable.count``).
 
@@ -40,6 +53,7 @@ from typing import Any, Final
 import yaml
 
 from webhook.justification import JUSTIFICATION_ANNOTATION
+from webhook.policy import DRIVER_VERSIONS_ANNOTATION
 from webhook.state import STATE_ANNOTATION
 
 CONFIGURATION_NAME: Final = "csinode-guard"
@@ -47,6 +61,10 @@ CONFIGURATION_NAME: Final = "csinode-guard"
 
 MUTATING_WEBHOOK_NAME: Final = "mutate.csinode-guard.io"
 VALIDATING_WEBHOOK_NAME: Final = "validate.csinode-guard.io"
+"""The entries with ``failurePolicy: Fail``: writes that raise a count or trust."""
+MUTATING_NEVER_REFUSED_NAME: Final = "mutate-never-refused.csinode-guard.io"
+VALIDATING_NEVER_REFUSED_NAME: Final = "validate-never-refused.csinode-guard.io"
+"""The entries with ``failurePolicy: Ignore``: CREATE, registrations, removals, decreases."""
 MUTATE_PATH: Final = "/mutate"
 VALIDATE_PATH: Final = "/validate"
 
@@ -65,8 +83,12 @@ LABELS: Final[Mapping[str, str]] = {
 }
 """Labels on both configurations (``unregister`` finds them by name, not by label)."""
 
-GUARD_ANNOTATIONS: Final = (STATE_ANNOTATION, JUSTIFICATION_ANNOTATION)
-"""The CSINode annotations whose change always reaches the guard: its signed state and operator approvals."""
+TRUST_ANNOTATIONS: Final = (JUSTIFICATION_ANNOTATION, DRIVER_VERSIONS_ANNOTATION)
+"""Annotations that raise what the guard trusts: an approver's justification, a reporter's driver versions.
+(A policy may name another driver-versions annotation; only this default one is in the conditions.)"""
+GUARD_ANNOTATIONS: Final = (STATE_ANNOTATION, *TRUST_ANNOTATIONS)
+"""The CSINode annotations whose change always reaches the guard: its signed state, operator approvals and
+declared driver versions."""
 
 TIMEOUT_SECONDS: Final = 5
 """``timeoutSeconds`` of both webhooks (the API default is 10, the maximum 30).
@@ -79,19 +101,20 @@ handshake and a scheduling hiccup and still fails fast. When it fails, ``FAILURE
 """
 
 FAILURE_POLICY: Final = "Fail"
-"""``failurePolicy`` of both webhooks.
+"""``failurePolicy`` of the entries for increases (:data:`MUTATING_WEBHOOK_NAME`, :data:`VALIDATING_WEBHOOK_NAME`).
 
-``Fail`` is safe here, and ``Ignore`` is not:
-
-- Registrations, removals, CREATE and DELETE never reach the webhook (``rules`` and ``matchConditions``), so an
-  unavailable guard can never stop a kubelet from registering a driver or a node from becoming Ready.
-- What it can stop is a count change (or a guard annotation change). A rejected count change leaves the last
-  accepted count in place: the scheduler keeps using a value that was already trusted, attach stays the final
-  check, and kubelet retries at its next period. That is the same outcome as a denial.
-- ``Ignore`` would turn "the guard is down" (or made unreachable) into "every write is accepted unchecked and
-  without state", which is the failure the guard exists to prevent.
-
+A rejected increase leaves the last accepted count in place: the scheduler keeps using a value that was already
+trusted, attach stays the final check, and kubelet retries at its next period -- the outcome of a denial.
+``Ignore`` here would turn "the guard is down" (or made unreachable) into "every increase is accepted unchecked".
 The emergency switch is ``csinode-guard unregister`` (see docs/operations.md).
+"""
+
+NEVER_REFUSED_FAILURE_POLICY: Final = "Ignore"
+"""``failurePolicy`` of the entries for writes that must never fail: CREATE, registration, removal, decrease.
+
+A kubelet that cannot register a driver exits; a decrease is the safe direction. The guard clamps what these
+carry when it answers, and a write that went through without it is reconciled at the object's next judged write
+(the lower count counts as accepted, a higher one is judged from the last count the guard accepted).
 """
 
 MATCH_POLICY: Final = "Equivalent"
@@ -103,57 +126,168 @@ and clamped count are computed on the final object (the validating webhook then 
 
 UPDATE_ONLY_CONDITION_NAME: Final = "update-only"
 UPDATE_ONLY_EXPRESSION: Final = "request.operation == 'UPDATE'"
-
-CHANGE_CONDITION_NAME: Final = "allocatable-count-or-guard-annotation-changed"
+CREATE_OR_UPDATE_CONDITION_NAME: Final = "create-or-update-only"
+CREATE_OR_UPDATE_EXPRESSION: Final = "request.operation == 'CREATE' || request.operation == 'UPDATE'"
 
 
 def _quoted(values: Sequence[str]) -> str:
     return ", ".join(f"'{value}'" for value in values)
 
 
-CHANGE_EXPRESSION: Final = f"""\
-[{_quoted(GUARD_ANNOTATIONS)}].exists(k,
-  (has(object.metadata.annotations) && k in object.metadata.annotations
-    ? [object.metadata.annotations[k]] : [])
-  != (has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations
-    ? [oldObject.metadata.annotations[k]] : []))
-|| (has(object.spec.drivers) && type(object.spec.drivers) == list
-    ? object.spec.drivers : []).exists(d,
-  (has(oldObject.spec.drivers) && type(oldObject.spec.drivers) == list
-    ? oldObject.spec.drivers : []).exists(o,
-    o.name == d.name
-    && (has(d.allocatable) && has(d.allocatable.count) ? [d.allocatable.count] : [])
-      != (has(o.allocatable) && has(o.allocatable.count) ? [o.allocatable.count] : [])))"""
-"""True when a guard annotation or a count of a driver present in both objects changes.
+def _drivers(obj: str) -> str:
+    return f"(has({obj}.spec.drivers) && type({obj}.spec.drivers) == list ? {obj}.spec.drivers : [])"
 
-Read it as two parts joined by ``||``:
 
-1. For each guard annotation, ``[value]`` when present and ``[]`` when absent, compared between the objects:
-   added, removed and changed values all differ, with no sentinel value that a real annotation could collide
-   with.
-2. For each driver ``d`` of the new object and ``o`` of the old one with the same name (drivers are matched by
-   name, never by index: kubelet re-appends the driver it updates), ``[count]`` or ``[]`` compared the same
-   way. A driver only in one object has no partner, so registration and removal yield ``false``.
+def _count(d: str) -> str:
+    return f"(has({d}.allocatable) && has({d}.allocatable.count) ? [{d}.allocatable.count] : [])"
 
-``spec.drivers`` is ``null`` on a CSINode without drivers, hence the ``type(...) == list`` guards that fall back
-to ``[]``: evaluating ``exists`` on ``null`` would be an error, and an error under ``failurePolicy: Fail`` rejects
-the request (a registration into an empty CSINode among them).
+
+def _topology(d: str) -> str:
+    return f"(has({d}.topologyKeys) && type({d}.topologyKeys) == list ? {d}.topologyKeys : [])"
+
+
+def _node_id(d: str) -> str:
+    return f"(has({d}.nodeID) ? {d}.nodeID : '')"
+
+
+def _annotations_changed(keys: Sequence[str]) -> str:
+    return f"""[{_quoted(keys)}].exists(k,
+    (has(object.metadata.annotations) && k in object.metadata.annotations
+      ? [object.metadata.annotations[k]] : [])
+    != (has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations
+      ? [oldObject.metadata.annotations[k]] : []))"""
+
+
+_SAME_ENTRY = f"o.name == d.name && {_node_id('o')} == {_node_id('d')} && {_topology('o')} == {_topology('d')}"
+_NEW, _OLD = _drivers("object"), _drivers("oldObject")
+
+INCREASE: Final = f"""{_NEW}.exists(d, {_OLD}.exists(o,
+    {_SAME_ENTRY}
+    && {_count('o')}.exists(oc, {_count('d')}.size() == 0 || {_count('d')}.exists(dc, dc > oc))))"""
+"""Some entry that stays (same name, nodeID and topologyKeys) gets a higher count or loses it (unbounded)."""
+
+STRUCTURAL: Final = f"""({_NEW}.exists(d, !{_OLD}.exists(o,
+    {_SAME_ENTRY}))
+  || {_OLD}.exists(o, !{_NEW}.exists(d, d.name == o.name)))"""
+"""A registration (an entry that appears, or rewritten with another nodeID/topologyKeys) or a removal."""
+
+COUNT_CHANGED: Final = f"""{_NEW}.exists(d, {_OLD}.exists(o,
+    {_SAME_ENTRY}
+    && {_count('d')} != {_count('o')}))"""
+"""Some entry that stays changes its count (to or from absent ``allocatable``/``count`` included)."""
+
+RAISES: Final = f"""{INCREASE}
+|| !{STRUCTURAL}
+  && ({_annotations_changed(TRUST_ANNOTATIONS)}
+    || {_annotations_changed((STATE_ANNOTATION,))}
+    && !{COUNT_CHANGED})"""
+"""True for the writes the ``Fail`` entries take (evaluated on UPDATE only): an increase, or a change of a
+trust-raising annotation -- or of the guard's state alone -- without a registration or removal.
+
+Counts are compared as ``[count]`` or ``[]`` (absent), so no sentinel value can collide with a real one; drivers
+are matched by name, never by index (kubelet re-appends the driver it updates). The state annotation counts
+only without a count change, because /validate sees the state /mutate just wrote on every admitted change.
 """
+
+RAISES_CONDITION_NAME: Final = "raises-a-count-or-trust"
+RAISES_EXPRESSION: Final = f"request.operation == 'UPDATE' && ({RAISES})"
+
+NEVER_REFUSED_CONDITION_NAME: Final = "registration-removal-create-or-decrease"
+NEVER_REFUSED_EXPRESSION: Final = f"""request.operation == 'CREATE'
+|| request.operation == 'UPDATE' && !({RAISES})
+  && ({STRUCTURAL}
+    || {COUNT_CHANGED}
+    || {_annotations_changed(GUARD_ANNOTATIONS)})"""
+"""The complement of :data:`RAISES_EXPRESSION` among the writes that matter: a CREATE, or an UPDATE with a
+registration, a removal, a count decrease or a guard annotation change that does not raise anything."""
 
 MATCH_CONDITIONS: Final[tuple[Mapping[str, str], ...]] = (
     {"name": UPDATE_ONLY_CONDITION_NAME, "expression": UPDATE_ONLY_EXPRESSION},
-    {"name": CHANGE_CONDITION_NAME, "expression": CHANGE_EXPRESSION},
+    {"name": RAISES_CONDITION_NAME, "expression": RAISES_EXPRESSION},
 )
+"""The ``Fail`` entries' conditions. ``update-only`` keeps every other operation out even if someone widens
+``rules``: a ``false`` condition skips the webhook whatever the others evaluate to."""
+
+NEVER_REFUSED_MATCH_CONDITIONS: Final[tuple[Mapping[str, str], ...]] = (
+    {"name": CREATE_OR_UPDATE_CONDITION_NAME, "expression": CREATE_OR_UPDATE_EXPRESSION},
+    {"name": NEVER_REFUSED_CONDITION_NAME, "expression": NEVER_REFUSED_EXPRESSION},
+)
+"""The ``Ignore`` entries' conditions (``create-or-update-only`` keeps DELETE out even with widened rules)."""
 
 RULES: Final[tuple[Mapping[str, Any], ...]] = (
     {
-        "operations": ["UPDATE"],
+        "operations": ["CREATE", "UPDATE"],
         "apiGroups": ["storage.k8s.io"],
         "apiVersions": ["v1"],
         "resources": ["csinodes"],
         "scope": "Cluster",
     },
 )
+
+
+def _py_drivers(obj: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    raw = ((obj or {}).get("spec") or {}).get("drivers")
+    return [d for d in raw if isinstance(d, Mapping)] if isinstance(raw, list) else []
+
+
+def _py_count(entry: Mapping[str, Any]) -> list[Any]:
+    allocatable = entry.get("allocatable")
+    if isinstance(allocatable, Mapping) and allocatable.get("count") is not None:
+        return [allocatable["count"]]
+    return []
+
+
+def _py_same_entry(o: Mapping[str, Any], d: Mapping[str, Any]) -> bool:
+    def topology(e: Mapping[str, Any]) -> list[Any]:
+        keys = e.get("topologyKeys")
+        return keys if isinstance(keys, list) else []
+
+    return bool(o.get("name") == d.get("name") and o.get("nodeID", "") == d.get("nodeID", "")
+                and topology(o) == topology(d))
+
+
+def _py_annotation(obj: Mapping[str, Any] | None, key: str) -> list[str]:
+    annotations = ((obj or {}).get("metadata") or {}).get("annotations")
+    if isinstance(annotations, Mapping) and key in annotations:
+        return [annotations[key]]
+    return []
+
+
+def webhook_entry(operation: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> str | None:
+    """Which entry of a configuration the apiserver calls for a write: ``"fail"`` (the increases entry,
+    ``failurePolicy: Fail``), ``"ignore"`` (the never-refused entry) or None (neither).
+
+    The Python reading of :data:`MATCH_CONDITIONS` and :data:`NEVER_REFUSED_MATCH_CONDITIONS`, for the offline
+    admission chain (``policy test``, ``replay``); tests/deploy checks both agree on many objects.
+    """
+    if operation == "CREATE":
+        return "ignore"
+    if operation != "UPDATE":
+        return None
+    new_drivers, old_drivers = _py_drivers(new), _py_drivers(old)
+    pairs = [(o, d) for d in new_drivers for o in old_drivers if _py_same_entry(o, d)]
+    increase = any(
+        _py_count(o) and (not _py_count(d) or any(dc > oc for dc in _py_count(d) for oc in _py_count(o)))
+        for o, d in pairs
+    )
+    paired_new = {id(d) for _, d in pairs}
+    new_names = {d.get("name") for d in new_drivers}
+    structural = any(id(d) not in paired_new for d in new_drivers) or any(
+        o.get("name") not in new_names for o in old_drivers
+    )
+    count_changed = any(_py_count(d) != _py_count(o) for o, d in pairs)
+
+    def changed(keys: Sequence[str]) -> bool:
+        return any(_py_annotation(new, k) != _py_annotation(old, k) for k in keys)
+
+    raises = increase or (
+        not structural and (changed(TRUST_ANNOTATIONS) or (changed((STATE_ANNOTATION,)) and not count_changed))
+    )
+    if raises:
+        return "fail"
+    if structural or count_changed or changed(GUARD_ANNOTATIONS):
+        return "ignore"
+    return None
 
 
 @dataclass(frozen=True)
@@ -197,14 +331,15 @@ def build_client_config(target: WebhookTarget, path: str) -> dict[str, Any]:
     return config
 
 
-def _webhook(name: str, target: WebhookTarget, path: str) -> dict[str, Any]:
+def _webhook(name: str, target: WebhookTarget, path: str, *, never_refused: bool = False) -> dict[str, Any]:
+    conditions = NEVER_REFUSED_MATCH_CONDITIONS if never_refused else MATCH_CONDITIONS
     return {
         "name": name,
         "clientConfig": build_client_config(target, path),
         "rules": copy.deepcopy([dict(rule) for rule in RULES]),
         "matchPolicy": MATCH_POLICY,
-        "matchConditions": [dict(condition) for condition in MATCH_CONDITIONS],
-        "failurePolicy": FAILURE_POLICY,
+        "matchConditions": [dict(condition) for condition in conditions],
+        "failurePolicy": NEVER_REFUSED_FAILURE_POLICY if never_refused else FAILURE_POLICY,
         "sideEffects": SIDE_EFFECTS,
         "timeoutSeconds": TIMEOUT_SECONDS,
         "admissionReviewVersions": list(ADMISSION_REVIEW_VERSIONS),
@@ -229,13 +364,17 @@ def build_mutating_webhook_configuration(
     ``target`` defaults to the in-cluster Service without a CA bundle; ``annotations`` go onto the object's
     metadata (e.g. ``cert-manager.io/inject-ca-from``).
     """
-    webhook = _webhook(MUTATING_WEBHOOK_NAME, target or WebhookTarget(), MUTATE_PATH)
-    webhook["reinvocationPolicy"] = REINVOCATION_POLICY
+    webhooks = [
+        _webhook(MUTATING_WEBHOOK_NAME, target or WebhookTarget(), MUTATE_PATH),
+        _webhook(MUTATING_NEVER_REFUSED_NAME, target or WebhookTarget(), MUTATE_PATH, never_refused=True),
+    ]
+    for webhook in webhooks:
+        webhook["reinvocationPolicy"] = REINVOCATION_POLICY
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": _metadata(name, annotations),
-        "webhooks": [webhook],
+        "webhooks": webhooks,
     }
 
 
@@ -250,7 +389,10 @@ def build_validating_webhook_configuration(
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": _metadata(name, annotations),
-        "webhooks": [_webhook(VALIDATING_WEBHOOK_NAME, target or WebhookTarget(), VALIDATE_PATH)],
+        "webhooks": [
+            _webhook(VALIDATING_WEBHOOK_NAME, target or WebhookTarget(), VALIDATE_PATH),
+            _webhook(VALIDATING_NEVER_REFUSED_NAME, target or WebhookTarget(), VALIDATE_PATH, never_refused=True),
+        ],
     }
 
 

@@ -650,12 +650,13 @@ class Replayer:
             self.on_row(row)
             return
         for c in changes:
-            final = c.final if outcome.allowed else c.change.old
+            final = c.final
+            registered = c.change.registration and c.change.old is None
             row = Row(
                 time=time_text,
                 node=name,
                 driver=c.change.driver,
-                old=_count(c.change.old),
+                old="registered" if registered else _count(c.before),
                 new=_count(c.change.new),
                 final=_count(final),
                 decision=outcome.decision.value,

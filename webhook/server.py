@@ -8,6 +8,7 @@ with ``allowed: false``. Nothing happens at import; collaborators live in ``app.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -46,6 +47,10 @@ log = logging.getLogger("csinode_guard.server")
 EXTENSION = "csinode_guard"
 BENCHMARK_NOOP_ENV = "CSINODE_GUARD_BENCHMARK_NOOP"
 """Set to ``1`` to add ``POST /noop`` (benchmarks only): same stack, no judgement. Never set in production."""
+RECORD_REVIEWS_ENV = "CSINODE_GUARD_RECORD_REVIEWS_DIR"
+"""Tests only: a directory where every /mutate and /validate AdmissionReview received is written with its
+answer (``<ns>-<pid>-<endpoint>.json``: ``{"review": ..., "answer": ...}``), to record what a real apiserver
+sends (tests/data/apiserver). The bodies hold whole objects: never set in production."""
 
 
 def _utcnow() -> datetime:
@@ -277,6 +282,9 @@ def _review(mode: Mode) -> Response:
             runtime.observe_count(driver, change.final, decision.node,
                                   label=metrics.driver_label(driver, runtime.is_known_driver))
     response = _json(document)
+    record_dir = current_app.config.get(RECORD_REVIEWS_ENV)
+    if record_dir:
+        _record(Path(record_dir), mode, body, response.get_data())
     if runtime.should_close(request.environ.get("gunicorn.socket")):
         response.headers["Connection"] = "close"
     return response
@@ -366,6 +374,17 @@ def _audit(
     return runtime.audit.write(records) == len(records)
 
 
+def _record(directory: Path, mode: Mode, body: bytes, answer: bytes) -> None:
+    """Write one received AdmissionReview and its answer under ``directory`` (see :data:`RECORD_REVIEWS_ENV`)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        document = {"review": json.loads(body), "answer": json.loads(answer)}
+        name = f"{time.time_ns()}-{os.getpid()}-{mode.value}.json"
+        (directory / name).write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    except (OSError, ValueError) as exc:
+        log.warning("could not record the AdmissionReview in %s: %s", directory, exc)
+
+
 def create_app(runtime: Runtime) -> Flask:
     """Build the Flask app serving ``runtime``. Registers JSON error handlers for every HTTP error."""
     app = Flask("csinode_guard")
@@ -381,6 +400,9 @@ def create_app(runtime: Runtime) -> Flask:
     def validate() -> Any:
         return _review(Mode.VALIDATE)
 
+    if os.environ.get(RECORD_REVIEWS_ENV):
+        app.config[RECORD_REVIEWS_ENV] = os.environ[RECORD_REVIEWS_ENV]
+        log.warning("%s is set: recording every AdmissionReview received (tests only)", RECORD_REVIEWS_ENV)
     if os.environ.get(BENCHMARK_NOOP_ENV) == "1":
         app.add_url_rule("/noop", "noop", _noop, methods=["POST"], provide_automatic_options=False)
         log.warning("%s=1: serving the benchmark endpoint POST /noop", BENCHMARK_NOOP_ENV)

@@ -14,7 +14,15 @@ Wire format (JSON, compact, keys sorted)::
          "correction": {"at": "...", "from": 25, "to": 23, "basis": "resource-exhausted"}}},
      "approvals": [{"driver": "...", "reason": "...", "minCount": 0, "maxCount": 10, "expires": "...",
                     "ticket": "...", "approvedBy": "alice", "approvedAt": "..."}],
+     "declared": {"ebs.csi.aws.com": {"version": "v1.37.0", "by": "system:serviceaccount:kube-system:reporter",
+                                      "at": "..."}},
      "sig": "<base64url HMAC-SHA256 of the document without sig>"}
+
+``declared`` (left out when empty, so states written before it existed keep their bytes) holds the driver
+versions a trusted principal declared in the ``csinode-guard.io/driver-versions`` annotation, with who set them
+and when: the ``annotation`` version source reads only these, never the annotation itself, which the node's
+kubelet can write. Entries of drivers that are not in the object now are kept (kubelet removes a driver whose
+node plugin restarts and registers it again: its history must survive that).
 """
 
 from __future__ import annotations
@@ -107,25 +115,35 @@ class EntryState:
     correction: Correction | None = None
 
 
+class DeclaredVersion(NamedTuple):
+    """A driver version a trusted principal declared (``set_by``, its ``userInfo.username``) at ``set_at``."""
+
+    version: str
+    set_by: str
+    set_at: datetime
+
+
 class GuardState(NamedTuple):
-    """Decoded state of one CSINode (``uid``): entries by driver name and recorded approvals."""
+    """Decoded state of one CSINode (``uid``): entries by driver name, recorded approvals and the driver
+    versions trusted principals declared (``declared``, by driver name)."""
 
     uid: str
     entries: Mapping[str, EntryState] = MappingProxyType({})
     approvals: tuple[Approval, ...] = ()
+    declared: Mapping[str, DeclaredVersion] = MappingProxyType({})
 
     def with_entry(self, driver: str, entry: EntryState) -> GuardState:
         """A copy with ``driver``'s entry replaced."""
         entries = dict(self.entries)
         entries[driver] = entry
-        return GuardState(uid=self.uid, entries=entries, approvals=self.approvals)
+        return self._replace(entries=entries)
 
     def pruned(self, now: datetime, drivers: Sequence[str] | None = None) -> GuardState:
         """A copy without expired approvals and, when ``drivers`` is given, without entries of other drivers."""
         entries = self.entries
         if drivers is not None:
             entries = {k: v for k, v in self.entries.items() if k in drivers}
-        return GuardState(uid=self.uid, entries=entries, approvals=tuple(a for a in self.approvals if a.expires > now))
+        return self._replace(entries=entries, approvals=tuple(a for a in self.approvals if a.expires > now))
 
 
 def _keyed(key: bytes) -> crypto_hmac.HMAC:
@@ -229,6 +247,11 @@ def encode_state(state: GuardState, keys: StateKeys) -> str:
         for a in state.approvals
     ]
     doc: dict[str, Any] = {"v": FORMAT_VERSION, "uid": state.uid, "drivers": drivers, "approvals": approvals}
+    if state.declared:  # sorts before "sig": the splice below still holds
+        doc["declared"] = {
+            name: {"version": d.version, "by": d.set_by, "at": format_time(d.set_at)}
+            for name, d in sorted(state.declared.items())
+        }
     payload = _canonical(doc)
     signature = keys.sign(payload)
     # Keys sorted: "sig" goes right before the last two, "uid" (a string) and "v". Splicing it in gives the bytes
@@ -292,6 +315,12 @@ def _decode_approval(raw: Any) -> Approval:
     )
 
 
+def _decode_declared(raw: Any) -> DeclaredVersion:
+    if not isinstance(raw, dict):
+        raise ValueError("declared version must be an object")
+    return DeclaredVersion(version=str(raw["version"]), set_by=str(raw["by"]), set_at=parse_time(raw["at"]))
+
+
 _MISSING = DecodedState(None, StateProblem.MISSING)
 
 
@@ -328,15 +357,24 @@ def decode_state(value: str | None, uid: str, keys: StateKeys) -> DecodedState:
         return DecodedState(None, StateProblem.UNSUPPORTED_VERSION, f"format version {doc.get('v')!r}")
     if doc.get("uid") != uid or not uid:
         return DecodedState(None, StateProblem.OTHER_OBJECT, "state was recorded for another object")
+    return _decode_document(doc, uid)
+
+
+def _decode_document(doc: dict[str, Any], uid: str) -> DecodedState:
+    """The entries, approvals and declared versions of a state document already checked for version and UID."""
     try:
         drivers = doc.get("drivers") or {}
         if not isinstance(drivers, dict):
             raise ValueError("drivers must be an object")
         entries = {str(k): _decode_entry(v) for k, v in drivers.items()}
         approvals = tuple(_decode_approval(a) for a in doc.get("approvals") or [])
+        raw_declared = doc.get("declared") or {}
+        if not isinstance(raw_declared, dict):
+            raise ValueError("declared must be an object")
+        declared = {str(k): _decode_declared(v) for k, v in raw_declared.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a signed state with a field of a wrong type
         return DecodedState(None, StateProblem.MALFORMED, f"bad field: {exc}")
-    return DecodedState(GuardState(uid=uid, entries=entries, approvals=approvals))
+    return DecodedState(GuardState(uid=uid, entries=entries, approvals=approvals, declared=declared))
 
 
 def read_state_unverified(value: str | None, uid: str) -> DecodedState:
@@ -358,12 +396,4 @@ def read_state_unverified(value: str | None, uid: str) -> DecodedState:
         return DecodedState(None, StateProblem.UNSUPPORTED_VERSION, f"format version {doc.get('v')!r}")
     if doc.get("uid") != uid or not uid:
         return DecodedState(None, StateProblem.OTHER_OBJECT, "state was recorded for another object")
-    try:
-        drivers = doc.get("drivers") or {}
-        if not isinstance(drivers, dict):
-            raise ValueError("drivers must be an object")
-        entries = {str(k): _decode_entry(v) for k, v in drivers.items()}
-        approvals = tuple(_decode_approval(a) for a in doc.get("approvals") or [])
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        return DecodedState(None, StateProblem.MALFORMED, f"bad field: {exc}")
-    return DecodedState(GuardState(uid=uid, entries=entries, approvals=approvals))
+    return _decode_document(doc, uid)

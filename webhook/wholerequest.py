@@ -123,16 +123,47 @@ class WholeRequestWorker(gthread.ThreadWorker):  # type: ignore[misc]
         except (OSError, ssl.SSLError, ValueError) as exc:
             log.debug("connection from %s closed while reading its request: %s", conn.client, exc)
             return False
+        if state is _WAIT and not self.alive:
+            # A stopping worker parks nothing (gunicorn would take the marker for keep-alive): the rest of this
+            # request is read with blocking reads, within the request deadline of DeadlineSSLSocket.
+            try:
+                self._finish_blocking(conn)
+            except (OSError, ssl.SSLError, ValueError) as exc:
+                log.debug("connection from %s closed while stopping: %s", conn.client, exc)
+                return False
+            state = True
         if state is _WAIT or state is False:
             return state
         return super().handle(conn)
+
+    def _finish_blocking(self, conn: Any) -> None:
+        gathering: _Gathering | None = getattr(conn, "csinode_guard_gathering", None)
+        if self.cfg.is_ssl and not conn.initialized and not isinstance(conn.sock, ssl.SSLSocket):
+            conn.sock.setblocking(True)
+            conn.sock = gsock.ssl_context(self.cfg).wrap_socket(
+                conn.sock, server_side=True, suppress_ragged_eofs=self.cfg.suppress_ragged_eofs,
+                do_handshake_on_connect=False,
+            )
+        conn.sock.setblocking(True)
+        if not conn.initialized:
+            if self.cfg.is_ssl:
+                conn.sock.do_handshake()
+            conn.parser = get_parser(self.cfg, conn.sock, conn.client)
+            conn.initialized = True
+        if gathering is not None and gathering.data:
+            conn.parser.unreader.unread(bytes(gathering.data))
+        conn.csinode_guard_gathering = None
+        conn.data_ready = True
 
     def _gather(self, conn: Any) -> Any:
         now = time.monotonic()
         gathering: _Gathering | None = getattr(conn, "csinode_guard_gathering", None)
         if gathering is None:
-            if not conn.initialized and not conn.data_ready and not conn.wait_for_data(0):
-                return _WAIT  # a new connection that has sent nothing yet waits in the poller, with no deadline
+            # A new connection's first bytes are waited for as gthread does (``FIRST_BYTES_WAIT``); one that has
+            # sent nothing by then waits in the poller, with no deadline (the keep-alive timeout).
+            if not conn.initialized and not conn.data_ready and not conn.wait_for_data(
+                    gthread.DEFAULT_WORKER_DATA_TIMEOUT):
+                return _WAIT
             gathering = conn.csinode_guard_gathering = _Gathering(now + self.read_timeout)
         if now > gathering.deadline:
             return self._too_slow(conn, "request")

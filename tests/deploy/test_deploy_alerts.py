@@ -31,6 +31,7 @@ APISERVER_METRICS = {
     "up",
     "apiserver_admission_match_condition_evaluation_errors_total",
     "apiserver_admission_webhook_rejection_count",
+    "apiserver_admission_webhook_fail_open_count",
 }
 
 POD = 'namespace="csinode-guard", pod="csinode-guard-7d9f-abcde"'
@@ -319,6 +320,30 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
                 'name="validate.csinode-guard.io", type="validating", operation="UPDATE", '
                 'error_type="no_error", rejection_code="403"',
                 "0+1x25",
+            )
+        ],
+        [],
+    ),
+    (
+        "CSINodeGuardFailOpen",
+        "15m",
+        [
+            _series(
+                "apiserver_admission_webhook_fail_open_count",
+                'name="mutate-never-refused.csinode-guard.io", type="admit", error_type="calling_webhook_error"',
+                "0x5 1x15",
+            )
+        ],
+        [{"severity": "warning", "name": "mutate-never-refused.csinode-guard.io"}],
+    ),
+    (
+        "CSINodeGuardFailOpen",
+        "15m",
+        [
+            _series(
+                "apiserver_admission_webhook_fail_open_count",
+                'name="mutate-never-refused.csinode-guard.io", type="admit", error_type="calling_webhook_error"',
+                "0x20",
             )
         ],
         [],

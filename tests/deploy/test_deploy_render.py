@@ -275,8 +275,10 @@ def test_the_default_overlay_wires_the_generated_certificates(rendered: dict[str
         assert base64.b64decode(value) == (certs / key).read_bytes(), key
     bundle = (certs / "ca-bundle.crt").read_bytes()
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        (webhook,) = find(objects, kind, NAME)["webhooks"]
-        assert base64.b64decode(webhook["clientConfig"]["caBundle"]) == bundle, kind
+        webhooks = find(objects, kind, NAME)["webhooks"]
+        assert len(webhooks) == 2, kind
+        for webhook in webhooks:
+            assert base64.b64decode(webhook["clientConfig"]["caBundle"]) == bundle, webhook["name"]
 
 
 def test_the_cert_manager_overlay_injects_the_ca_of_the_mounted_certificate(rendered: dict[str, Objects]) -> None:
@@ -287,8 +289,9 @@ def test_the_cert_manager_overlay_injects_the_ca_of_the_mounted_certificate(rend
         namespace, certificate_name = configuration["metadata"]["annotations"]["cert-manager.io/inject-ca-from"].split(
             "/"
         )
-        (webhook,) = configuration["webhooks"]
-        assert "caBundle" not in webhook["clientConfig"]
+        assert len(configuration["webhooks"]) == 2, kind
+        for webhook in configuration["webhooks"]:
+            assert "caBundle" not in webhook["clientConfig"]
         certificate = find(objects, "Certificate", certificate_name)
         assert certificate["metadata"]["namespace"] == namespace == NAMESPACE
     spec = certificate["spec"]

@@ -55,52 +55,63 @@ def test_the_cert_manager_overlay_is_what_python_builds_with_the_injector_annota
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_only_updates_of_csinodes_reach_the_guard(kind: str) -> None:
-    (webhook,) = find(registration.build_webhook_configurations(), kind)["webhooks"]
-    assert webhook["rules"] == [
-        {
-            "operations": ["UPDATE"],
-            "apiGroups": ["storage.k8s.io"],
-            "apiVersions": ["v1"],
-            "resources": ["csinodes"],
-            "scope": "Cluster",
-        }
-    ]
-    assert webhook["sideEffects"] == "None"
-    assert webhook["admissionReviewVersions"] == ["v1"]
-    assert webhook["failurePolicy"] == "Fail"
-    assert 1 <= webhook["timeoutSeconds"] <= 5
-    assert [c["name"] for c in webhook["matchConditions"]] == [
-        "update-only",
-        "allocatable-count-or-guard-annotation-changed",
+def test_create_and_update_of_csinodes_reach_two_entries_with_complementary_failure_policies(kind: str) -> None:
+    webhooks = find(registration.build_webhook_configurations(), kind)["webhooks"]
+    assert [w["failurePolicy"] for w in webhooks] == ["Fail", "Ignore"]
+    for webhook in webhooks:
+        assert webhook["rules"] == [
+            {
+                "operations": ["CREATE", "UPDATE"],
+                "apiGroups": ["storage.k8s.io"],
+                "apiVersions": ["v1"],
+                "resources": ["csinodes"],
+                "scope": "Cluster",
+            }
+        ]
+        assert webhook["sideEffects"] == "None"
+        assert webhook["admissionReviewVersions"] == ["v1"]
+        assert 1 <= webhook["timeoutSeconds"] <= 5
+    fail, ignore = webhooks
+    assert [c["name"] for c in fail["matchConditions"]] == ["update-only", "raises-a-count-or-trust"]
+    assert [c["name"] for c in ignore["matchConditions"]] == [
+        "create-or-update-only",
+        "registration-removal-create-or-decrease",
     ]
 
 
 def test_the_endpoints_and_reinvocation() -> None:
     mutating, validating = registration.build_webhook_configurations()
-    (mutate,) = mutating["webhooks"]
-    (validate,) = validating["webhooks"]
-    assert mutate["clientConfig"]["service"] == {
-        "name": "csinode-guard",
-        "namespace": "csinode-guard",
-        "path": "/mutate",
-        "port": 443,
-    }
-    assert validate["clientConfig"]["service"]["path"] == "/validate"
-    assert mutate["reinvocationPolicy"] == "IfNeeded"
-    assert "reinvocationPolicy" not in validate, "validating webhooks have no reinvocationPolicy"
-    assert "caBundle" not in mutate["clientConfig"]
+    assert [w["name"] for w in mutating["webhooks"]] == [
+        "mutate.csinode-guard.io", "mutate-never-refused.csinode-guard.io",
+    ]
+    assert [w["name"] for w in validating["webhooks"]] == [
+        "validate.csinode-guard.io", "validate-never-refused.csinode-guard.io",
+    ]
+    for mutate in mutating["webhooks"]:
+        assert mutate["clientConfig"]["service"] == {
+            "name": "csinode-guard",
+            "namespace": "csinode-guard",
+            "path": "/mutate",
+            "port": 443,
+        }
+        assert mutate["reinvocationPolicy"] == "IfNeeded"
+        assert "caBundle" not in mutate["clientConfig"]
+    for validate in validating["webhooks"]:
+        assert validate["clientConfig"]["service"]["path"] == "/validate"
+        assert "reinvocationPolicy" not in validate, "validating webhooks have no reinvocationPolicy"
 
 
 def test_a_url_target_replaces_the_service_and_carries_the_bundle() -> None:
     mutating, validating = registration.build_webhook_configurations(
         WebhookTarget(url="https://192.0.2.10:8443/", ca_bundle=b"-----BEGIN CERTIFICATE-----\n")
     )
-    assert mutating["webhooks"][0]["clientConfig"] == {
-        "url": "https://192.0.2.10:8443/mutate",
-        "caBundle": base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode(),
-    }
-    assert validating["webhooks"][0]["clientConfig"]["url"] == "https://192.0.2.10:8443/validate"
+    for webhook in mutating["webhooks"]:
+        assert webhook["clientConfig"] == {
+            "url": "https://192.0.2.10:8443/mutate",
+            "caBundle": base64.b64encode(b"-----BEGIN CERTIFICATE-----\n").decode(),
+        }
+    for webhook in validating["webhooks"]:
+        assert webhook["clientConfig"]["url"] == "https://192.0.2.10:8443/validate"
 
 
 def test_dry_run_yaml_loads_back_to_the_same_objects() -> None:
@@ -112,9 +123,11 @@ def test_dry_run_yaml_loads_back_to_the_same_objects() -> None:
 
 def test_the_builders_return_fresh_objects() -> None:
     first = registration.build_mutating_webhook_configuration()
-    first["webhooks"][0]["rules"][0]["operations"].append("CREATE")
+    first["webhooks"][0]["rules"][0]["operations"].append("DELETE")
     first["webhooks"][0]["matchConditions"].clear()
-    assert registration.build_mutating_webhook_configuration()["webhooks"][0]["rules"][0]["operations"] == ["UPDATE"]
+    assert registration.build_mutating_webhook_configuration()["webhooks"][0]["rules"][0]["operations"] == [
+        "CREATE", "UPDATE",
+    ]
     assert registration.build_mutating_webhook_configuration()["webhooks"][0]["matchConditions"]
 
 
@@ -122,6 +135,6 @@ def test_the_builders_return_fresh_objects() -> None:
 def test_the_yaml_explains_its_choice_beside_the_field(field: str) -> None:
     lines = WEBHOOKS_YAML.read_text("utf-8").splitlines()
     positions = [i for i, line in enumerate(lines) if line.strip().startswith(f"{field}:")]
-    assert len(positions) == 2
+    assert len(positions) == 4
     for position in positions:
         assert lines[position - 1].strip().startswith("#"), f"no comment right above {field} at line {position + 1}"

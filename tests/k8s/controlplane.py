@@ -35,6 +35,7 @@ REQUIRED_BINARIES = ("kube-apiserver", "etcd", "kube-scheduler", "kubelet-csinod
 REQUIRE_ENV = "CSINODE_GUARD_REQUIRE_K8S"
 ASSETS_ENV = "KUBEBUILDER_ASSETS"
 
+APPROVERS = "csinode-guard:approvers"
 KUBELET_VERSION = "v1.36.2"
 """The kubelet version the Nodes created here report in ``status.nodeInfo`` (the binaries' version)."""
 
@@ -137,6 +138,12 @@ class ControlPlane:
         self.env = dict(
             line.split("=", 1) for line in (self.dir / "env").read_text().splitlines() if "=" in line
         )
+        self._create_probe()  # before any webhook is registered, whatever it would judge
+
+    def _create_probe(self) -> None:
+        if not self._probe_ready:
+            self.kubectl("apply", "-f", "-", input=json.dumps(self._probe_csinode(2)))
+            self._probe_ready = True
 
     def stop(self) -> None:
         """``cluster.sh stop DIR`` (SIGTERM, SIGKILL after 10 s); safe on a half-started cluster."""
@@ -257,6 +264,50 @@ class ControlPlane:
         result: dict[str, Any] = self.kubectl_json("get", "csinode", node)
         return result
 
+    def replace_count(
+        self, node: str, driver: str, count: int | None, *, kubeconfig: Path | None = None, check: bool = True,
+        annotations: dict[str, str] | None = None, dry_run: bool = False,
+    ) -> subprocess.CompletedProcess[str]:
+        """GET the CSINode and PUT it back (``kubectl replace``, with its resourceVersion) with ``driver``'s
+        ``allocatable.count`` set (None: ``allocatable`` removed) and ``annotations`` merged, as the identity of
+        ``kubeconfig`` (default: the node's own, ``system:node:<node>``); ``dry_run``: a server-side dry run that
+        every webhook judges and nothing stores. For counts kubelet's code cannot
+        write (0: kubelet drops ``allocatable`` for ``max_volumes_per_node`` 0) and for other writers."""
+        kubeconfig = kubeconfig or self.node_kubeconfig(node)
+        stored = self.kubectl_json("get", "csinode", node, kubeconfig=kubeconfig)
+        for entry in stored["spec"]["drivers"]:
+            if entry["name"] == driver:
+                if count is None:
+                    entry.pop("allocatable", None)
+                else:
+                    entry["allocatable"] = {"count": count}
+        if annotations:
+            stored["metadata"].setdefault("annotations", {}).update(annotations)
+        return self.kubectl(
+            "replace", "-f", "-", *(["--dry-run=server"] if dry_run else []),
+            kubeconfig=kubeconfig, check=check, input=json.dumps(stored),
+        )
+
+    def approver_kubeconfig(self, name: str = "alice@example.com") -> Path:
+        """A kubeconfig for ``name`` in group ``csinode-guard:approvers`` (the default policy's justifiers), bound
+        to deploy/base/rbac.yaml's ClusterRole csinode-guard-approver."""
+        import yaml  # noqa: PLC0415
+
+        role = next(
+            doc for doc in yaml.safe_load_all((REPO / "deploy" / "base" / "rbac.yaml").read_text())
+            if doc and doc["kind"] == "ClusterRole" and doc["metadata"]["name"] == "csinode-guard-approver"
+        )
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "csinode-guard-approvers"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "csinode-guard-approver"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": APPROVERS}],
+        }
+        self.kubectl("apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                           "items": [role, binding]}))
+        return self.user_kubeconfig(name, APPROVERS)
+
     def api_client(self) -> Any:
         """A ``kubernetes.client.ApiClient`` for the admin kubeconfig (shared, closed at stop)."""
         if self._api_client is None:
@@ -301,16 +352,18 @@ class ControlPlane:
     PROBE_NODE = "csinode-guard-probe"
     PROBE_DRIVER = "ebs.csi.aws.com"
 
-    def probe_write(self) -> subprocess.CompletedProcess[str]:
+    def probe_write(self, marker: str | None = None) -> subprocess.CompletedProcess[str]:
         """A server-side dry-run UPDATE of CSINode :data:`PROBE_NODE` by that node, lowering a count 2 -> 1: it
-        reaches every registered webhook of the guard and changes nothing. The CSINode is created (by admin) on
-        first use. Used to wait until the apiserver calls (or stops calling) a newly (un)registered guard."""
-        if not self._probe_ready:
-            self.kubectl("apply", "-f", "-", input=json.dumps(self._probe_csinode(2)))
-            self._probe_ready = True
+        reaches every registered webhook of the guard and changes nothing. The CSINode is created (by admin) when
+        the cluster starts. Used to wait until the apiserver calls (or stops calling) a newly (un)registered guard;
+        ``marker`` goes into an annotation, to find the request's audit event."""
+        self._create_probe()
+        probe = self._probe_csinode(1)
+        if marker is not None:  # to find this request's event in the audit log
+            probe["metadata"]["annotations"] = {"test.csinode-guard.io/probe": marker}
         return self.kubectl(
             "replace", "--dry-run=server", "-f", "-", check=False,
-            kubeconfig=self.node_kubeconfig(self.PROBE_NODE), input=json.dumps(self._probe_csinode(1)),
+            kubeconfig=self.node_kubeconfig(self.PROBE_NODE), input=json.dumps(probe),
         )
 
     def _probe_csinode(self, count: int) -> dict[str, Any]:
@@ -357,6 +410,38 @@ def csinode_writes(node: str) -> Callable[[dict[str, Any]], bool]:
 
 # ==================================================================== the guard
 DEFAULT_POLICY = REPO / "policies" / "default.yaml"
+
+
+def policy_file(path: Path, edit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """Write ``policies/default.yaml``, changed by ``edit(doc)``, to ``path``; returns ``path``."""
+    import yaml  # noqa: PLC0415
+
+    doc = yaml.safe_load(DEFAULT_POLICY.read_text())
+    if edit is not None:
+        edit(doc)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+ADMIN_USER = "test-admin"
+"""The admin kubeconfig's user (cluster.sh): the version reporter of :func:`fast_policy` with ``reporter``."""
+
+
+def fast_policy(path: Path, min_interval: str = "2s", *, reporter: str | None = None) -> Path:
+    """The default policy with change-rate's ``minInterval`` shortened (as tests/test_e2e.py does).
+
+    With ``reporter``, EBS driver versions come from the ``csinode-guard.io/driver-versions`` annotation as that
+    user declares it (``spec.versionReporters``): no node plugin pods run here for ``versionSource: pod``.
+    """
+
+    def edit(doc: dict[str, Any]) -> None:
+        doc["spec"]["rules"]["change-rate"]["minInterval"] = min_interval
+        if reporter is not None:
+            doc["spec"]["versionReporters"] = {"users": [reporter]}
+            doc["spec"]["drivers"]["ebs.csi.aws.com"]["versionSource"] = {"type": "annotation"}
+
+    return policy_file(path, edit)
 
 
 @dataclass

@@ -22,3 +22,12 @@ def test_kubelet_installs_a_driver_through_the_real_apiserver_with_the_guard_reg
     stored = control_plane.get_csinode(node)
     assert counts(stored) == {EBS: 25}
     assert stored["metadata"]["ownerReferences"][0]["name"] == node
+
+    # The Python client's models accept what the fixture created (full status.nodeInfo) and kubelet wrote.
+    from kubernetes import client  # noqa: PLC0415
+
+    read_node = client.CoreV1Api(control_plane.api_client()).read_node(node)
+    assert read_node.status.node_info.kubelet_version == "v1.36.2"
+    assert read_node.spec.taints is None
+    csinode = client.StorageV1Api(control_plane.api_client()).read_csi_node(node)
+    assert [(d.name, d.allocatable.count) for d in csinode.spec.drivers] == [(EBS, 25)]

@@ -71,7 +71,9 @@ def test_status_shows_counts_state_ceilings_and_usage(
     assert first["acceptedCount"] == 20 and first["state"] == "verified" and first["acceptedAt"]
     assert first["ceiling"] == 128 and "m7i.48xlarge" in first["ceilingReason"]
     assert first["attachErrors"] == {"ResourceExhausted": 1, "transient": 1}
-    assert second["allocatableCount"] == 25 and second["headroom"] == 25 and second["state"] == "none"
+    # A registration is judged too: the guard signed the count it registered with.
+    assert second["allocatableCount"] == 25 and second["headroom"] == 25 and second["state"] == "verified"
+    assert second["acceptedCount"] == 25
     assert second["ceiling"] == 27 and second["overCeiling"] is False
     summary = json.loads(result.stdout)["summary"]
     assert summary["nodes"] == 2 and summary["entries"] == 2 and summary["headroom"] == 42

@@ -202,9 +202,11 @@ def register(
 ) -> None:
     """Create or update the MutatingWebhookConfiguration and ValidatingWebhookConfiguration of the guard.
 
-    Both are the objects of deploy/base/webhooks.yaml (UPDATE of csinodes only, matchConditions, failurePolicy
-    Fail, timeoutSeconds 5) with clientConfig.caBundle from --cert-dir. Running it again updates them in place
-    (e.g. after `certs rotate --new-ca`); labels and annotations others added are kept.
+    Both are the objects of deploy/base/webhooks.yaml (CREATE and UPDATE of csinodes, two entries each:
+    increases with failurePolicy Fail, registrations/removals/CREATE/decreases with Ignore, complementary
+    matchConditions, timeoutSeconds 5) with clientConfig.caBundle of every entry from --cert-dir. Running it
+    again updates them in place (e.g. after `certs rotate --new-ca`); labels and annotations others added are
+    kept.
 
     Needs get, create and update on both kinds (ClusterRole csinode-guard-registrar).
 

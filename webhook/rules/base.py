@@ -74,7 +74,9 @@ class Violation(NamedTuple):
 
     ``action`` is the configured enforcement action for this finding (the evaluation may soften it: scope,
     exemptions, dry run). ``clamp_to`` is the nearest allowed count when the finding can be clamped (None: it
-    cannot). ``freeze`` asks the evaluation to freeze increases of the entry when the change is admitted.
+    cannot); on a write that is never refused (a registration, a CREATE) a ``deny`` acts as a clamp to it.
+    ``freeze`` asks the evaluation to freeze increases of the entry when the change is admitted. ``annotation``
+    names the annotation a request-level finding (no change) is about.
     """
 
     rule: str
@@ -83,6 +85,7 @@ class Violation(NamedTuple):
     proceed: str
     clamp_to: int | None = None
     freeze: bool = False
+    annotation: str = ""
 
 
 def soften_for_decrease(action: EnforcementAction) -> EnforcementAction:

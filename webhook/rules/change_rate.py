@@ -2,8 +2,8 @@
 
 An increase sooner than max(``minInterval``, the CSIDriver's ``spec.nodeAllocatableUpdatePeriodSeconds``) after
 the entry's last accepted change is a violation (default ``deny``: kubelet retries at its next period, KEP-4876).
-Decreases and registrations are exempt. The cluster-wide increase budget (per replica) is checked by the
-evaluation, which owns the token bucket.
+Decreases and registrations (a plugin registering, also right after a restart) are exempt. The cluster-wide
+increase budget (per replica) is checked by the evaluation, which owns the token bucket.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def min_interval(ctx: RuleContext) -> float:
 
 def check(ctx: RuleContext) -> list[Violation]:
     """Violation when an increase follows the entry's last accepted change too closely."""
-    if not ctx.change.is_increase or ctx.entry is None or ctx.justified:
+    if not ctx.change.is_increase or ctx.change.registration or ctx.entry is None or ctx.justified:
         return []
     interval = min_interval(ctx)
     elapsed = (ctx.now - ctx.entry.changed_at).total_seconds()

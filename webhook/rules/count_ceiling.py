@@ -4,6 +4,9 @@ Findings: bounded -> unbounded (a scheduler treats a missing count as no limit);
 NodeGetInfo values to int32 max: a glitch, not a limit); above the driver's ceiling, refined by a node label
 (instance type, VM size) and driver profiles; an increase larger than ``maxStepUp``. The default enforcement
 action is ``clamp``: unbounded and int32 max go back to the old count, the others to the ceiling or the step.
+A registration (also after a removal: its old count is the one the state retained) is judged the same way; one
+without a count (unbounded) or with int32 max and no earlier count is clamped to the ceiling when the driver has
+a finite one.
 """
 
 from __future__ import annotations
@@ -18,11 +21,24 @@ def check(ctx: RuleContext) -> list[Violation]:
     """Findings for unbounded-after-bounded, int32 max, above the ceiling and a step above ``maxStepUp``."""
     change = ctx.change
     base = ctx.driver_policy.rules.ceiling_action
-    action = base if change.is_increase else soften_for_decrease(base)
+    # A registration is judged on what it carries, whatever came before (the evaluation never refuses it).
+    action = base if change.is_increase or change.registration else soften_for_decrease(base)
     old, new = change.old, change.new
     if new is None:
         if old is None:
-            return []
+            ceiling, ceiling_why = ctx.ceiling
+            if not change.registration or ceiling is None:
+                return []
+            return [
+                Violation(
+                    rule=RULE_ID,
+                    action=action,
+                    why=f"registered without a count (unbounded), but the driver has the ceiling {ceiling} "
+                    f"({ceiling_why})",
+                    proceed="fix the driver's NodeGetInfo max_volumes_per_node",
+                    clamp_to=ceiling,
+                )
+            ]
         return [
             Violation(
                 rule=RULE_ID,

@@ -29,5 +29,6 @@ def check(ctx: RuleContext) -> list[Violation]:
             why=why,
             proceed="let the node's kubelet report the count, add the principal to spec.writers, "
             "or have an approver set a csinode-guard.io/justification",
+            clamp_to=ctx.change.old if ctx.change.is_increase else None,
         )
     ]

@@ -3,7 +3,9 @@
 The driver's version on the node comes from the policy's ``versionSource`` (a CSINode annotation, the driver's
 node pod, or the kubelet version). Below ``minVersion`` is a violation; older than the version recorded for the
 entry's last accepted change is a version rollback: a violation unless justified, and it freezes increases of
-the entry for ``freezeFor``. Decreases are the safe direction: their findings are at most warnings.
+the entry for ``freezeFor``. Decreases are the safe direction: their findings are at most warnings. At a
+registration (a node plugin restart) the entry's retained history counts: an older driver than the one of the
+last accepted change keeps the last accepted count (a ``deny`` acts as a clamp to it there) and freezes.
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ def check(ctx: RuleContext) -> list[Violation]:
                         action=action(rules.version_action),
                         why=f"driver version rolled back {recorded} -> {version}; {freeze_note}",
                         proceed="roll the driver forward, or have an approver justify the rollback",
+                        clamp_to=ctx.change.old,
                         freeze=True,
                     )
                 )

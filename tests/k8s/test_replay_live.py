@@ -1,0 +1,63 @@
+"""Replay equals live: the apiserver's own audit log, fed to ``csinode-guard replay`` with the same policy, gives
+every decision the live guard took, and the counts replay ends with are the counts stored in etcd.
+
+This is what lets an operator trust ``replay`` on their own cluster's audit log before enforcing a policy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from tests.k8s.controlplane import ControlPlane, Guard, counts, csinode_writes, fast_policy, unique, wait_until
+
+EBS = "ebs.csi.aws.com"
+JUSTIFICATION = "csinode-guard.io/justification"
+
+
+def writes_through(cp: ControlPlane, node: str) -> None:
+    """The story's writes: decrease, too-fast increase (kubelet's retries), clamp, unbounded, justified drop."""
+    cp.kubelet(node, "install", "--driver", EBS, "--node-id", "i-replay", "--max-volumes", "25")
+    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "23")
+    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "24", check=False)  # denied, retried by kubelet
+    time.sleep(2.5)
+    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "39")  # clamped to 27
+    time.sleep(2.5)
+    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "0")  # unbounded: clamped back
+    expires = (datetime.now(UTC) + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    justification = [{"driver": EBS, "reason": "retirement", "minCount": 0, "maxCount": 0, "expires": expires}]
+    cp.kubectl("annotate", "csinode", node, f"{JUSTIFICATION}={json.dumps(justification)}",
+               kubeconfig=cp.approver_kubeconfig())
+    cp.replace_count(node, EBS, 0)
+
+
+def test_replay_of_the_apiservers_audit_log_equals_the_live_decisions_and_etcd(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    cp = control_plane
+    policy = fast_policy(tmp_path / "policy.yaml")
+    guard: Guard = guard_factory(policy)
+    node = unique("replay")
+    cp.create_node(node)
+    writes_through(cp, node)
+    live = [r for r in guard.decisions() if r.get("node") == node and r["endpoint"] == "mutate"]
+    assert len(live) >= 8, live
+    # every write of the node is in the apiserver's log before it is read
+    wait_until(lambda: len([e for e in cp.audit_events(csinode_writes(node)) if e["verb"] != "create"])
+               >= len(live) + 1, what="all writes audited")
+
+    out = guard.csinode_guard("replay", "--audit-log", str(cp.audit_log), "--policy", str(policy),
+                              "--format", "json", "--no-progress")
+    replayed = [r for r in json.loads(out.stdout)["events"] if r["node"] == node]
+
+    def decision(record: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(record.get(k) for k in ("driver", "old", "new", "final", "decision", "user"))
+
+    assert [decision(r) for r in replayed] == [decision(r) for r in live], (
+        json.dumps([decision(r) for r in replayed]) + "\n" + json.dumps([decision(r) for r in live]))
+    assert {r["decision"] for r in live} >= {"allow", "deny", "clamp"}
+    finals = {r["driver"]: r["final"] for r in replayed if r["driver"] and r["decision"] != "deny"}
+    assert finals == counts(cp.get_csinode(node)) == {EBS: 0}
