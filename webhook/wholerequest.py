@@ -136,6 +136,14 @@ class WholeRequestWorker(gthread.ThreadWorker):  # type: ignore[misc]
             return state
         return super().handle(conn)
 
+    def finish_request(self, conn: Any, fs: Any) -> None:
+        """gunicorn's, except that a connection parked by a worker that has begun to stop meanwhile goes back to
+        a thread (which then finishes it with blocking reads) instead of being taken for a kept-alive one."""
+        if not self.alive and not fs.cancelled() and fs.exception() is None and fs.result() is _WAIT:
+            self.enqueue_req(conn)
+            return
+        super().finish_request(conn, fs)
+
     def _finish_blocking(self, conn: Any) -> None:
         gathering: _Gathering | None = getattr(conn, "csinode_guard_gathering", None)
         if self.cfg.is_ssl and not conn.initialized and not isinstance(conn.sock, ssl.SSLSocket):
