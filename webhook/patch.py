@@ -1,8 +1,9 @@
 """RFC 6902 JSON Patch operations with RFC 6901 pointer escaping, for /mutate responses.
 
-Only the operations the guard needs: set a driver's ``allocatable.count``, restore ``spec.drivers``, and set or
-restore an annotation. Pointers escape ``~`` as ``~0`` and ``/`` as ``~1`` (RFC 6901 section 3), so the
-annotation ``csinode-guard.io/state`` is ``/metadata/annotations/csinode-guard.io~1state``.
+Only the operations the guard needs: set a driver's ``allocatable.count``, restore ``spec.drivers`` or
+``metadata.managedFields``, and set or restore an annotation. Pointers escape ``~`` as ``~0`` and ``/`` as
+``~1`` (RFC 6901 section 3), so the annotation ``csinode-guard.io/state`` is
+``/metadata/annotations/csinode-guard.io~1state``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,18 @@ def set_count(index: int, count: int, has_allocatable: bool) -> Operation:
 def replace_drivers(drivers: Sequence[Any]) -> Operation:
     """Operation replacing ``spec.drivers`` wholesale (used to restore the stored order byte for byte)."""
     return {"op": "replace", "path": pointer("spec", "drivers"), "value": list(drivers)}
+
+
+def restore_managed_fields(stored: Sequence[Any] | None) -> Operation:
+    """Operation putting ``metadata.managedFields`` back to the stored list (removing it when none was stored).
+
+    The apiserver records a write's managed fields from the object as its writer sent it, before mutating
+    admission: a clamp back to the stored count would otherwise still change kubelet's entry (for example
+    ``f:allocatable`` dropped when kubelet reported no count) and make a PUT that changes nothing a new revision.
+    """
+    if stored is None:
+        return {"op": "remove", "path": "/metadata/managedFields"}
+    return {"op": "add", "path": "/metadata/managedFields", "value": list(stored)}
 
 
 @functools.lru_cache(maxsize=64)

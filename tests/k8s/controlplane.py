@@ -424,11 +424,22 @@ def policy_file(path: Path, edit: Callable[[dict[str, Any]], None] | None = None
     return path
 
 
-def fast_policy(path: Path, min_interval: str = "2s") -> Path:
-    """The default policy with change-rate's ``minInterval`` shortened (as tests/test_e2e.py does)."""
+ADMIN_USER = "test-admin"
+"""The admin kubeconfig's user (cluster.sh): the version reporter of :func:`fast_policy` with ``reporter``."""
+
+
+def fast_policy(path: Path, min_interval: str = "2s", *, reporter: str | None = None) -> Path:
+    """The default policy with change-rate's ``minInterval`` shortened (as tests/test_e2e.py does).
+
+    With ``reporter``, EBS driver versions come from the ``csinode-guard.io/driver-versions`` annotation as that
+    user declares it (``spec.versionReporters``): no node plugin pods run here for ``versionSource: pod``.
+    """
 
     def edit(doc: dict[str, Any]) -> None:
         doc["spec"]["rules"]["change-rate"]["minInterval"] = min_interval
+        if reporter is not None:
+            doc["spec"]["versionReporters"] = {"users": [reporter]}
+            doc["spec"]["drivers"]["ebs.csi.aws.com"]["versionSource"] = {"type": "annotation"}
 
     return policy_file(path, edit)
 

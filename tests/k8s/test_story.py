@@ -15,7 +15,16 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from tests.k8s.controlplane import ControlPlane, Guard, counts, csinode_writes, fast_policy, unique, wait_until
+from tests.k8s.controlplane import (
+    ADMIN_USER,
+    ControlPlane,
+    Guard,
+    counts,
+    csinode_writes,
+    fast_policy,
+    unique,
+    wait_until,
+)
 
 EBS = "ebs.csi.aws.com"
 STATE = "csinode-guard.io/state"
@@ -37,7 +46,7 @@ def test_the_kubelet_story_ends_in_the_counts_stored_in_etcd(
     control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
 ) -> None:
     cp = control_plane
-    guard: Guard = guard_factory(fast_policy(tmp_path / "policy.yaml"))
+    guard: Guard = guard_factory(fast_policy(tmp_path / "policy.yaml", reporter=ADMIN_USER))
     node = unique("story")
     cp.create_node(node)
     cp.kubelet(node, "init")
@@ -88,13 +97,15 @@ def test_the_kubelet_story_ends_in_the_counts_stored_in_etcd(
 
     # An unbounded report (kubelet drops allocatable for max_volumes_per_node 0) is clamped back to the stored
     # count, with the guard's warning in kubelet's log: spec and annotations stay as they were, state included.
-    # (The apiserver still stores a new resourceVersion: the field manager's managedFields for kubelet change
-    # when kubelet's own request no longer sets allocatable.)
+    # The PUT is a no-op for the apiserver: the guard also puts back kubelet's managed fields (which the
+    # apiserver took from kubelet's request, without allocatable), so nothing is written and the
+    # resourceVersion stays.
     time.sleep(2.1)
     unbounded = cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "0")
     assert f"Warning: [count-ceiling] {node}/{EBS}: 27 -> unbounded (clamped to 27)" in unbounded.stderr
     after = cp.get_csinode(node)
     assert counts(after) == {EBS: 27}
+    assert after["metadata"]["resourceVersion"] == stored["metadata"]["resourceVersion"]
     assert after["spec"] == stored["spec"]
     assert after["metadata"]["annotations"] == stored["metadata"]["annotations"]
     assert [r for r in guard.decisions() if r["node"] == node and r["endpoint"] == "mutate"][-1]["final"] == 27
@@ -135,7 +146,8 @@ def test_a_later_mutating_webhook_reinvokes_the_guard_once_and_the_final_object_
     assert counts(stored) == {EBS: 23}
     assert stored["metadata"]["labels"][labeler.label] == "yes"
     assert state_of(stored)["drivers"][EBS]["count"] == 23
-    records = [r for r in guard.decisions() if r["node"] == node]
+    # The registration before it reached the guard too (judged, never refused): only the 25 -> 23 update here.
+    records = [r for r in guard.decisions() if r["node"] == node and r.get("old") == 25 and r.get("new") == 23]
     assert [r["endpoint"] for r in records] == ["mutate", "mutate", "validate"]
     event = wait_until(lambda: [e for e in writes(cp, node) if e["responseStatus"]["code"] == 200][-1:],
                        what="the update audited")[0]
