@@ -281,6 +281,15 @@ def message_line(rule: str, old: int | str, new: int | str, why: str, how: str, 
     return f"[{rule}] {where}: {old} -> {new}: {why}; {how}"
 
 
+def clamp_line(rule: str, old: int | str, new: int | str, to: int | str, why: str, how: str,
+               where: str = WHERE) -> str:
+    """A clamp's warning line (as :func:`message_line`, with the count it was clamped to)."""
+    return f"[{rule}] {where}: {old} -> {new} (clamped to {to}): {why}; {how}"
+
+
+KUBELET_CLAMP = "deny acts as clamp for the node's kubelet (to the stored count"
+
+
 LINE = re.compile(
     r"^\[(?P<rule>[a-z-]+)\] (?P<node>[^/ ]+)/(?P<driver>[^:]+): (?P<old>\w+) -> (?P<new>\w+)"
     r"(?: \(clamped to (?P<final>\w+)\))?: [^;]+; .+$"
@@ -593,14 +602,29 @@ def test_every_deny_is_one_line_of_a_403_forbidden() -> None:
 def test_a_deny_wins_over_a_clamp_and_returns_no_patch() -> None:
     old = stored(25, state=history(25, ago=20))
 
-    judged = judge(old, kubelet_update(old, EBS, 39))
+    judged = judge(old, kubelet_update(old, EBS, 39), user=STRANGER)
 
     assert judged.body["allowed"] is False
     assert "patch" not in judged.body
     assert "patchType" not in judged.body
-    assert [parts(line)["rule"] for line in judged.lines] == ["change-rate"]
-    assert judged.body["auditAnnotations"]["rules"] == "count-ceiling,change-rate"
+    assert [parts(line)["rule"] for line in judged.lines] == ["writer-identity", "change-rate"]
+    assert judged.body["auditAnnotations"]["rules"] == "writer-identity,count-ceiling,change-rate"
     assert [(c.change.driver, c.final) for c in judged.decision.changes] == [(EBS, 25)]
+
+
+def test_for_the_nodes_kubelet_a_deny_acts_as_a_clamp_to_the_stored_count() -> None:
+    old = stored(25, state=history(25, ago=20))
+
+    judged = judge(old, kubelet_update(old, EBS, 39))
+
+    assert judged.body["allowed"] is True
+    assert judged.decision.decision is Decision.CLAMP
+    assert judged.body["auditAnnotations"] == {"decision": "clamp", "policy": judged.body["auditAnnotations"]["policy"],
+                                               "rules": "count-ceiling,change-rate"}
+    assert [(c.change.driver, c.final) for c in judged.decision.changes] == [(EBS, 25)]
+    rate = [o for o in judged.decision.outcomes if o.rule == "change-rate"]
+    assert [(o.enforcement, o.effective) for o in rate] == [(EnforcementAction.DENY, EnforcementAction.CLAMP)]
+    assert f"{WHERE}: change-rate {KUBELET_CLAMP} 25; kubelet's write succeeds)" in judged.body["warnings"]
 
 
 def test_denies_of_several_drivers_are_one_line_each() -> None:
@@ -1444,9 +1468,10 @@ def test_change_rate_waits_for_the_drivers_update_period() -> None:
 
     judged = judge(old, kubelet_update(old, EBS, 26), cluster=cluster)
 
-    assert judged.lines == [
-        message_line("change-rate", 25, 26, "2m after the last accepted change; the minimum is 5m", RATE_HOW)
-    ]
+    assert judged.body["warnings"][0] == clamp_line(
+        "change-rate", 25, 26, 25, "2m after the last accepted change; the minimum is 5m", RATE_HOW
+    )
+    assert [c.final for c in judged.decision.changes] == [25]
 
 
 # -- real input ----------------------------------------------------------------------------------------------------
