@@ -1279,19 +1279,19 @@ def test_a_decrease_without_recent_resource_exhausted_evidence_is_no_correction(
     assert judged.state.entries[EBS].correction is None
 
 
-def test_an_increase_undoing_a_correction_within_the_window_is_denied() -> None:
+def test_an_increase_undoing_a_correction_within_the_window_is_held_at_the_stored_count() -> None:
     server = Apiserver(stored(25), cluster=attach_errors(8))
     server.kubelet(23, 0)
 
     judged = server.kubelet(25, 120)
 
-    assert judged.lines == [
-        message_line(
-            "count-rollback", 23, 25,
-            "back to 25 undoes the correction 25 -> 23 at 2026-11-30T02:00:00.000Z within 1h",
-            "have an approver justify the restore, or wait for the window to pass",
-        )
-    ]
+    assert judged.decision.decision is Decision.CLAMP
+    assert [c.final for c in judged.decision.changes] == [23]
+    assert judged.body["warnings"][0] == clamp_line(
+        "count-rollback", 23, 25, 23,
+        "back to 25 undoes the correction 25 -> 23 at 2026-11-30T02:00:00.000Z within 1h",
+        "have an approver justify the restore, or wait for the window to pass",
+    )
     assert server.kubelet(24, 180).body["allowed"] is True
     assert server.kubelet(25, 3601).body["allowed"] is True
 
@@ -1395,13 +1395,16 @@ def test_a_driver_rollback_freezes_increases_for_freeze_for() -> None:
     assert server.kubelet(22, 6 * 3600).body["allowed"] is True
 
 
-def test_an_increase_from_a_rolled_back_driver_is_denied_and_nothing_is_recorded() -> None:
+def test_an_increase_from_a_rolled_back_driver_is_held_at_the_stored_count_and_nothing_is_recorded() -> None:
     old = stored(23)
 
     judged = judge(old, kubelet_update(old, EBS, 25), cluster=running("v1.30.0"))
 
-    assert judged.lines[0] == message_line(
-        "writer-version", 23, 25, "driver version rolled back v1.37.0 -> v1.30.0; increases are frozen for 6h",
+    assert judged.decision.decision is Decision.CLAMP
+    assert [c.final for c in judged.decision.changes] == [23]
+    assert judged.body["warnings"][0] == clamp_line(
+        "writer-version", 23, 25, 23,
+        "driver version rolled back v1.37.0 -> v1.30.0; increases are frozen for 6h",
         "roll the driver forward, or have an approver justify the rollback",
     )
     assert judged.decision.new_state is None
