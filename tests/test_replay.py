@@ -40,7 +40,8 @@ EXPECTED = [
     ("2026-11-30T02:01:00.001Z", 25, 23, 23, "allow", [], f"system:node:{NODE}"),
     ("2026-11-30T02:02:11.001Z", 23, 20, 20, "allow", [], f"system:node:{NODE}"),
     ("2026-11-30T02:03:12.001Z", 20, 21, 21, "allow", [], f"system:node:{NODE}"),
-    ("2026-11-30T02:03:20.001Z", 21, 39, 21, "deny", ["count-ceiling", "count-rollback", "change-rate"],
+    # The node's own kubelet: the count rules' deny acts as a clamp to the stored count, 21.
+    ("2026-11-30T02:03:20.001Z", 21, 39, 21, "clamp", ["count-ceiling", "count-rollback", "change-rate"],
      f"system:node:{NODE}"),
     # The Metadata-level update before it (not judgeable) stored 22 above the trusted 21: judged from 21 (its
     # message says so), refused, so 22 stays.
