@@ -79,7 +79,7 @@ def test_the_kubelet_story_ends_in_the_counts_stored_in_etcd(
     attempts = writes(cp, node)[before:]
     assert len(attempts) == 1, "one request, not kubelet's retries of a denial"
     assert {e["responseStatus"]["code"] for e in attempts} == {200}
-    held = [r for r in guard.decisions() if r["node"] == node and r["endpoint"] == "mutate" and r["new"] == 24]
+    held = [r for r in guard.decisions() if r["node"] == node and r["endpoint"] == "mutate" and r.get("new") == 24]
     assert [(r["old"], r["final"], r["decision"]) for r in held] == [(23, 23, "clamp")]
     stored = cp.get_csinode(node)
     assert counts(stored) == {EBS: 23}
