@@ -74,6 +74,7 @@ from webhook.state import (
     decode_state,
     encode_state,
 )
+from webhook.versions import is_valid_version
 
 
 class Mode(enum.StrEnum):
@@ -319,7 +320,7 @@ def _pass_reason(rule: str, ctx: RuleContext) -> str:
             return f"{ctx.writer.username} is a writer the policy lists"
         return "justified by a recorded approval"
     if rule == "writer-version":
-        return f"driver version {ctx.driver_version or 'unknown'} ({ctx.driver_policy.version_source.type} source)"
+        return _version_pass_reason(ctx)
     if rule == "count-ceiling":
         ceiling, why = ctx.ceiling
         return f"within the ceiling {format_count(ceiling)} {('(' + why + ')') if why else ''}".rstrip()
@@ -329,8 +330,33 @@ def _pass_reason(rule: str, ctx: RuleContext) -> str:
         if ctx.entry is None:
             return "no earlier change recorded"
         elapsed = (ctx.now - ctx.entry.changed_at).total_seconds()
-        return f"{elapsed:.0f}s since the last accepted change (minimum {min_interval(ctx):.0f}s)"
+        reason = f"{elapsed:.0f}s since the last accepted change (minimum {min_interval(ctx):.0f}s)"
+        approval = ctx.justification_for() if elapsed < min_interval(ctx) else None
+        if approval is not None:  # change_rate.check lets a justified increase through at any pace
+            reason += f"; the minimum is lifted by {_approval_text(approval)}"
+        return reason
     return "no correction or freeze in effect" if ctx.change.is_increase else "decrease"
+
+
+def _approval_text(approval: Approval) -> str:
+    """``the justification by alice (OPS-4711) for counts 20..27``: which recorded approval lifted a rule."""
+    ticket = f" ({approval.ticket})" if approval.ticket else ""
+    return (f"the justification by {approval.approved_by or '(unknown)'}{ticket} for counts "
+            f"{approval.min_count}..{approval.max_count}")
+
+
+def _version_pass_reason(ctx: RuleContext) -> str:
+    """Why writer-version found nothing: the version and its source, and when the version is unknown or cannot
+    be compared (not a semantic version), that onUnknown let it through (or that the change is a decrease)."""
+    version, source = ctx.driver_version, ctx.driver_policy.version_source.type
+    compared_with = ctx.driver_policy.min_version or (ctx.entry.writer_version if ctx.entry else None)
+    if version is not None and (compared_with is None or is_valid_version(version)):
+        return f"driver version {version} ({source} source)"
+    what = (f"driver version unknown ({source} source)" if version is None
+            else f"driver version {version} ({source} source) cannot be compared: not a semantic version")
+    if not ctx.change.is_increase:
+        return f"{what}; decreases are not held back by onUnknown"
+    return f"{what}; writer-version.onUnknown: {ctx.driver_policy.rules.version_on_unknown} applied"
 
 
 def _capacity_note(change: CountChange, errors: Sequence[AttachError] | None, fraction: float) -> str | None:

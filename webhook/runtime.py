@@ -59,7 +59,8 @@ def run(settings: Settings) -> int:
             raise tls.StateKeyError(f"state key file {key_path} does not exist")
         keys = StateKeys(tls.ensure_state_key(key_path))
         _check_writable_audit_log(settings.audit_log)
-        _check_port_free(settings.metrics_port)
+        _check_port_free(settings.port, "HTTPS port", settings.host)
+        _check_port_free(settings.metrics_port, "metrics port")
     except (tls.CertificateError, tls.StateKeyError, OSError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         return 2
@@ -99,15 +100,19 @@ def _check_writable_audit_log(path: str) -> None:
         raise OSError(f"audit log {path} cannot be opened for appending: {exc.strerror or exc}") from None
 
 
-def _check_port_free(port: int) -> None:
+def _check_port_free(port: int, what: str, host: str = "0.0.0.0") -> None:
+    """Raise OSError "<what> <port> is not free" when ``host:port`` cannot be bound (with SO_REUSEADDR, as
+    gunicorn and the metrics server bind, so a connection in TIME_WAIT does not count); port 0 is disabled."""
     if port <= 0:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(("0.0.0.0", port))
+            probe.bind((host, port))
         except OSError as exc:
-            raise OSError(f"metrics port {port} is not free: {exc.strerror or exc}") from None
+            where = f" on {host}" if what == "HTTPS port" else ""
+            raise OSError(f"{what} {port}{where} is not free: {exc.strerror or exc}") from None
 
 
 def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: Any, budget_dir: Any = None) -> Any:
