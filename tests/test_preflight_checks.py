@@ -187,42 +187,64 @@ def test_the_ca_bundle_verifies_the_serving_certificate_for_its_host(certs: tupl
     assert "not PEM" in (verify_serving_certificate(b"junk", leaf, "127.0.0.1", NOW) or "")
 
 
-def _registered(bundle: bytes, **webhook_changes: Any) -> dict[str, Any]:
+ENTRIES = ("mutate.csinode-guard.io", "mutate-never-refused.csinode-guard.io",
+           "validate.csinode-guard.io", "validate-never-refused.csinode-guard.io")
+"""Two entries per configuration: failurePolicy Fail for increases, Ignore for what must never be refused."""
+
+
+def _registered(bundle: bytes, *, entry: int = 0, **webhook_changes: Any) -> dict[str, Any]:
     objects = build_webhook_configurations(WebhookTarget(ca_bundle=bundle))
     for obj in objects:
-        obj["webhooks"][0].update(webhook_changes)
+        obj["webhooks"][entry].update(webhook_changes)
     return {obj["kind"]: obj for obj in objects}
 
 
 def test_the_guard_as_registered_passes(certs: tuple[bytes, bytes, bytes]) -> None:
     bundle, leaf, _ = certs
     served = {name: ServingCertificate(leaf, "TLS handshake", "csinode-guard.csinode-guard.svc")
-              for name in ("mutate.csinode-guard.io", "validate.csinode-guard.io")}
+              for name in ENTRIES}
     ready = {"spec": {"replicas": 2}, "status": {"readyReplicas": 2}}
     rows = check_guard(facts(webhook_configurations=_registered(bundle), serving_certificates=served,
                              deployment=ready))
-    assert statuses(rows) == ["OK"] * 7, rows
+    assert statuses(rows) == ["OK"] * 13, rows  # 3 rows for each of the 4 entries, then the Deployment
+    assert [r.checked.split(":")[0] for r in rows[:-1]] == [n for n in ENTRIES for _ in range(3)]
+    assert [r.checked for r in rows if "failurePolicy" in r.checked] == [
+        "mutate.csinode-guard.io: failurePolicy Fail as documented",
+        "mutate-never-refused.csinode-guard.io: failurePolicy Ignore as documented",
+        "validate.csinode-guard.io: failurePolicy Fail as documented",
+        "validate-never-refused.csinode-guard.io: failurePolicy Ignore as documented",
+    ]
     assert rows[-1].checked == "2/2 replicas ready"
 
 
 def test_guard_problems_are_named(certs: tuple[bytes, bytes, bytes]) -> None:
     bundle, leaf, other = certs
     served = {name: ServingCertificate(leaf, "TLS handshake", "csinode-guard.csinode-guard.svc")
-              for name in ("mutate.csinode-guard.io", "validate.csinode-guard.io")}
+              for name in ENTRIES}
     loose = check_guard(facts(webhook_configurations=_registered(bundle, matchConditions=[],
                                                                  failurePolicy="Ignore"),
                               serving_certificates=served, deployment={"spec": {"replicas": 2},
                                                                        "status": {"readyReplicas": 1}}))
     assert [c.status for c in loose if "no matchConditions" in c.checked] == [Status.FAIL, Status.FAIL]
     assert [c.status for c in loose if "failurePolicy Ignore, documented Fail" in c.checked] == [Status.FAIL] * 2
+    blocking = check_guard(facts(webhook_configurations=_registered(bundle, entry=1, failurePolicy="Fail"),
+                                 serving_certificates=served))
+    assert [(c.checked.split(":")[0], c.status) for c in blocking if "failurePolicy Fail, documented Ignore" in
+            c.checked] == [("mutate-never-refused.csinode-guard.io", Status.FAIL),
+                           ("validate-never-refused.csinode-guard.io", Status.FAIL)]
+    assert all("blocks kubelet's CSINode creation" in c.checked for c in blocking if "documented Ignore" in c.checked)
+    unconditioned = check_guard(facts(webhook_configurations=_registered(bundle, entry=1, matchConditions=[]),
+                                      serving_certificates=served))
+    assert [c.checked.split(":")[0] for c in unconditioned if c.status is Status.FAIL] == [
+        "mutate-never-refused.csinode-guard.io", "validate-never-refused.csinode-guard.io"]
     assert loose[-1].status is Status.WARN and loose[-1].checked == "1/2 replicas ready"
     wrong_ca = check_guard(facts(webhook_configurations=_registered(other), serving_certificates=served))
-    assert [c.status for c in wrong_ca if "does not verify" in c.checked] == [Status.FAIL, Status.FAIL]
+    assert [c.status for c in wrong_ca if "does not verify" in c.checked] == [Status.FAIL] * 4
     absent = check_guard(facts(webhook_configurations={}, deployment={"spec": {"replicas": 2}, "status": {}}))
     assert statuses(absent) == ["FAIL", "FAIL", "FAIL"] and absent[-1].checked == "0/2 replicas ready"
     unreachable = {n: ServingCertificate(None, "", "h", "TLS handshake with h:443 failed: refused") for n in served}
     rows = check_guard(facts(webhook_configurations=_registered(bundle), serving_certificates=unreachable))
-    assert [c.status for c in rows if "not checked" in c.checked] == [Status.WARN, Status.WARN]
+    assert [c.status for c in rows if "not checked" in c.checked] == [Status.WARN] * 4
     bundle_less = _registered(bundle)
     for obj in bundle_less.values():
         del obj["webhooks"][0]["clientConfig"]["caBundle"]

@@ -31,7 +31,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from webhook.policy import Policy
-from webhook.registration import CONFIGURATION_NAME, build_webhook_configurations
+from webhook.registration import CONFIGURATION_NAME, FAILURE_POLICY, build_webhook_configurations
 from webhook.versions import VersionError, compare_versions, parse_version
 
 ALPHA_MINOR = 33
@@ -409,9 +409,13 @@ def _check_webhook(
         checks.append(Check(component, f"{name}: matchConditions as registered by this release", Status.OK))
     policy = have.get("failurePolicy", "Fail")
     if policy != want["failurePolicy"]:
-        checks.append(Check(component, f"{name}: failurePolicy {policy}, documented {want['failurePolicy']}",
-                            Status.FAIL if want["failurePolicy"] == "Fail" else Status.WARN,
-                            "csinode-guard register (see docs/operations.md for why)"))
+        # Either way round is a FAIL: Ignore on the increases entry lets every increase through unchecked while
+        # the guard is down; Fail on the never-refused entry makes a down guard block kubelet's CSINode CREATE
+        # and driver registrations (the node goes NotReady, kubelet exits).
+        harm = ("increases pass unchecked while the guard is down" if want["failurePolicy"] == FAILURE_POLICY
+                else "a down guard blocks kubelet's CSINode creation and driver registrations")
+        checks.append(Check(component, f"{name}: failurePolicy {policy}, documented {want['failurePolicy']}: {harm}",
+                            Status.FAIL, "csinode-guard register (see docs/operations.md for why)"))
     else:
         checks.append(Check(component, f"{name}: failurePolicy {policy} as documented", Status.OK))
     ca_bundle = _ca_bundle(have)

@@ -158,7 +158,14 @@ def _annotations_changed(keys: Sequence[str]) -> str:
       ? [oldObject.metadata.annotations[k]] : []))"""
 
 
-_SAME_ENTRY = f"o.name == d.name && {_node_id('o')} == {_node_id('d')} && {_topology('o')} == {_topology('d')}"
+def same_entry(o: str, d: str) -> str:
+    """CEL: the driver entries ``o`` (old) and ``d`` (new) are the same registration -- same ``name``,
+    ``nodeID`` and ``topologyKeys``. An entry rewritten with another ``nodeID`` or ``topologyKeys`` is a
+    registration (kubelet's ``InstallCSIDriver``), never a count change; the VAP floor pairs entries the same way."""
+    return f"{o}.name == {d}.name && {_node_id(o)} == {_node_id(d)} && {_topology(o)} == {_topology(d)}"
+
+
+_SAME_ENTRY = same_entry("o", "d")
 _NEW, _OLD = _drivers("object"), _drivers("oldObject")
 
 INCREASE: Final = f"""{_NEW}.exists(d, {_OLD}.exists(o,

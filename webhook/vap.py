@@ -14,8 +14,10 @@ action for the rule is ``deny`` or ``clamp``:
   ``system:nodes``) or the policy's ``writers``.
 
 The boundary is the webhooks' (:mod:`webhook.registration`): only UPDATE, and only when a driver present in both
-objects changes its count. CREATE, DELETE, a driver registration (a name only in ``object``) and a removal (a
-name only in ``oldObject``) never match, so the floor can never keep a kubelet from registering a driver. The
+objects changes its count -- present in both means the same registration: same ``name``, ``nodeID`` and
+``topologyKeys`` (:func:`webhook.registration.same_entry`). CREATE, DELETE, a driver registration (a name only in
+``object``, or an entry rewritten with another ``nodeID``/``topologyKeys``) and a removal (a name only in
+``oldObject``) never match, so the floor can never keep a kubelet from registering a driver. The
 guard may *clamp* a registration's count; a ValidatingAdmissionPolicy cannot patch, so it lets registrations
 pass.
 
@@ -45,7 +47,7 @@ import yaml
 from webhook.csinode import INT32_MAX
 from webhook.justification import JUSTIFICATION_ANNOTATION
 from webhook.policy import Ceiling, DriverPolicy, EnforcementAction, Policy, Principals
-from webhook.registration import UPDATE_ONLY_CONDITION_NAME, UPDATE_ONLY_EXPRESSION
+from webhook.registration import UPDATE_ONLY_CONDITION_NAME, UPDATE_ONLY_EXPRESSION, same_entry
 from webhook.state import STATE_ANNOTATION
 
 VAP_NAME: Final = "csinode-guard-floor"
@@ -163,6 +165,10 @@ def _drivers(obj: str) -> str:
     )
 
 
+_SAME: Final = same_entry("o", "d")
+"""Old entry ``o`` and new entry ``d`` are one registration (name, nodeID, topologyKeys), as the webhooks pair them."""
+
+
 def _count(d: str) -> str:
     """``[count]`` when bounded, ``[]`` when unbounded (no allocatable or no count)."""
     return f"(has({d}.allocatable) && has({d}.allocatable.count) ? [{d}.allocatable.count] : [])"
@@ -240,7 +246,7 @@ def _validations(floors: Sequence[DriverFloor], default: DriverFloor) -> list[di
         check = _int_check("max_step_up", default, "maxStepUp", "d.allocatable.count - o.allocatable.count <= LIMIT")
         validations.append({
             "expression": "variables.approvalPresent || variables.increases.all(d, "
-            f"variables.oldDrivers.all(o, o.name != d.name || {check}))",
+            f"variables.oldDrivers.all(o, !({_SAME}) || {check}))",
             "message": "csinode-guard floor [count-ceiling]: an increase larger than the driver's maxStepUp; let "
             "the count rise in smaller steps, or have an approver justify the jump",
             "reason": "Forbidden",
@@ -283,7 +289,7 @@ def build_validating_admission_policy(policy: Policy, *, name: str = VAP_NAME) -
         {
             "name": COUNT_CHANGED_CONDITION_NAME,
             "expression": f"({_drivers('object')}).exists(d, ({_drivers('oldObject')}).exists(o, "
-            f"o.name == d.name && {_count('o')} != {_count('d')}))",
+            f"{_SAME} && {_count('o')} != {_count('d')}))",
         },
     ]
     exempt = _principal_test(policy.exemptions)
@@ -312,11 +318,11 @@ def build_validating_admission_policy(policy: Policy, *, name: str = VAP_NAME) -
                 {
                     "name": "changed",
                     "expression": "variables.newDrivers.filter(d, variables.oldDrivers.exists(o, "
-                    f"o.name == d.name && {_count('o')} != {_count('d')}))",
+                    f"{_SAME} && {_count('o')} != {_count('d')}))",
                 },
                 {
                     "name": "increases",
-                    "expression": "variables.changed.filter(d, variables.oldDrivers.exists(o, o.name == d.name && "
+                    "expression": f"variables.changed.filter(d, variables.oldDrivers.exists(o, {_SAME} && "
                     f"{BOUNDED.format(d='o')} && {BOUNDED.format(d='d')} && "
                     "d.allocatable.count > o.allocatable.count))",
                 },

@@ -67,12 +67,18 @@ def test_preflight_passes_the_matrix_and_checks_the_registered_guard(
         assert find(checks, f"CSIDriver {with_period}", "nodeAllocatableUpdatePeriodSeconds: 30")["status"] == "OK"
         unset = find(checks, f"CSIDriver {without_period}", "unset")
         assert unset["status"] == "WARN" and "nodeAllocatableUpdatePeriodSeconds" in unset["action"]
-        for webhook in ("mutate.csinode-guard.io", "validate.csinode-guard.io"):
-            for text in ("matchConditions as registered", "failurePolicy Fail", "caBundle verifies"):
+        # Two entries per configuration: failurePolicy Fail for increases, Ignore for what is never refused.
+        for webhook, failure_policy in (("mutate.csinode-guard.io", "Fail"),
+                                        ("mutate-never-refused.csinode-guard.io", "Ignore"),
+                                        ("validate.csinode-guard.io", "Fail"),
+                                        ("validate-never-refused.csinode-guard.io", "Ignore")):
+            for text in ("matchConditions as registered", f"failurePolicy {failure_policy} as documented",
+                         "caBundle verifies"):
                 row = [c for c in checks if c["checked"].startswith(f"{webhook}: {text}")]
                 assert len(row) == 1 and row[0]["status"] == "OK", (webhook, text, checks)
-        assert "TLS handshake with 127.0.0.1" in find(checks, "guard MutatingWebhookConfiguration",
-                                                      "caBundle verifies")["checked"]
+        handshakes = [c for c in checks
+                      if c["component"] == "guard MutatingWebhookConfiguration" and "caBundle verifies" in c["checked"]]
+        assert len(handshakes) == 2 and all("TLS handshake with 127.0.0.1" in c["checked"] for c in handshakes)
         assert "registered with a URL" in find(checks, "guard Deployment", "URL")["checked"]
         assert result.returncode == 1, result.stderr  # the WARNs: the probe and the driver without a period
 
@@ -180,7 +186,7 @@ def test_a_guard_behind_a_service_is_checked_through_its_tls_secret_and_deployme
         control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
     checks = rows(result)
     verified = [c for c in checks if "caBundle verifies the serving cert" in c["checked"]]
-    assert len(verified) == 2 and all(f"Secret {namespace}/csinode-guard-tls" in c["checked"] for c in verified)
+    assert len(verified) == 4 and all(f"Secret {namespace}/csinode-guard-tls" in c["checked"] for c in verified)
     assert all(c["status"] == "OK" for c in verified)
     replicas = find(checks, "guard Deployment", "replicas ready")
     assert replicas["status"] == "FAIL" and replicas["checked"] == "0/2 replicas ready"  # no controller runs here
