@@ -102,8 +102,10 @@ class BenchServer:
 
 
 def start_server(*, workers: int = 2, threads: int = 8, connection_max_age: float = 60.0,
-                 audit_log: str | None = None) -> BenchServer:
-    """Start the server (dev certificates in a temporary directory) and wait until /healthz answers."""
+                 audit_log: str | None = None, extra: list[str] | None = None) -> BenchServer:
+    """Start the server (dev certificates in a temporary directory) and wait until /healthz answers.
+
+    ``extra``: more ``serve`` arguments."""
     workdir = Path(tempfile.mkdtemp(prefix="csinode-guard-bench-"))
     port = _free_port()
     audit = audit_log or str(workdir / "audit.log")
@@ -111,7 +113,7 @@ def start_server(*, workers: int = 2, threads: int = 8, connection_max_age: floa
         sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(port),
         "--metrics-port", "0", "--cert-dir", str(workdir / "certs"), "--audit-log", audit, "--offline",
         "--workers", str(workers), "--threads", str(threads), "--connection-max-age", str(connection_max_age),
-        "--log-level", "warning",
+        "--log-level", "warning", *(extra or []),
     ]
     env = dict(os.environ, CSINODE_GUARD_BENCHMARK_NOOP="1", PYTHONPATH=str(REPO))
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)

@@ -98,8 +98,12 @@ def start_server(
     workers: int = 2,
     offline: bool = True,
     cert_dir: Path | None = None,
+    stdout: Any = subprocess.DEVNULL,
 ) -> RunningServer:
-    """Start ``python -m webhook serve`` on free ports with certs in ``tmp/certs``; wait until /healthz answers."""
+    """Start ``python -m webhook serve`` on free ports with certs in ``tmp/certs``; wait until /healthz answers.
+
+    ``stdout`` is the server's standard output (``subprocess.PIPE``: ``process.stdout``, for ``--audit-log -``).
+    """
     port, metrics_port = free_port(), free_port()
     cert_dir = cert_dir or tmp / "certs"
     audit = tmp / "audit.log"
@@ -114,7 +118,7 @@ def start_server(
     full_env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     full_env.update(env or {})
     with stderr_path.open("wb") as err:
-        process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=full_env, cwd=tmp)
+        process = subprocess.Popen(cmd, stdout=stdout, stderr=err, env=full_env, cwd=tmp)
     deadline = time.monotonic() + 40
     while time.monotonic() < deadline:
         if process.poll() is not None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -367,3 +368,47 @@ def test_on_replay_output_the_stored_count_never_steps_at_a_denial(tmp_path: Pat
     assert len(denials) >= 2, denials
     assert steps, "the stored count's first step (10 -> 4) is not in the picture"
     assert all(abs(s - d) > 8 for s in steps for d in denials), (steps, denials)
+
+
+@pytest.mark.parametrize("command", [pytest.param(["summary"], id="summary"),
+                                     pytest.param(["summary", "--format", "json"], id="summary as JSON"),
+                                     pytest.param(["query"], id="query")])
+def test_a_file_with_no_audit_record_but_other_lines_exits_2_like_replay(tmp_path: Path, command: list[str]) -> None:
+    garbage = tmp_path / "garbage.txt"
+    garbage.write_text("this is not an audit log\n{\"also\": \"not a record\"}\n")
+    result = cli(*command, str(garbage))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "no csinode-guard audit record could be read, and 2 line(s) were not records" in result.stderr
+    assert "Traceback" not in result.stderr
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    assert cli(*command, str(empty)).returncode == (1 if command == ["query"] else 0)
+
+
+def test_timeline_to_a_format_there_is_none_of_exits_2_listing_the_formats(rotated: Path, tmp_path: Path) -> None:
+    out = tmp_path / "t.weird"
+    result = cli("timeline", str(rotated), "--node", NODE, "--driver", EBS, "--output", str(out))
+    assert result.returncode == 2, result.stderr
+    assert f"{out}: '.weird' is not a picture format matplotlib writes; use one of " in result.stderr
+    assert ".png" in result.stderr and ".svg" in result.stderr and ".pdf" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not out.exists()
+
+
+def test_timeline_ticks_of_a_short_incident_are_distinct(records: list[dict[str, Any]], tmp_path: Path) -> None:
+    """Six writes within 75 seconds: every x tick label differs (the date is said once, not on every tick)."""
+    mine = [r for r in records if r.get("node") == NODE and r.get("driver") == EBS]
+    times = sorted({r["time"] for r in mine})
+    moved = {t: (T0 + timedelta(seconds=15 * i)).strftime("%Y-%m-%dT%H:%M:%S.000Z") for i, t in enumerate(times)}
+    log = tmp_path / "audit.log"
+    log.write_text("".join(json.dumps(dict(r, time=moved[r["time"]])) + "\n" for r in mine))
+    out = tmp_path / "timeline.svg"
+    result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output", str(out))
+    assert result.returncode == 0, result.stderr
+    svg = out.read_text()
+    x_axis = svg[svg.index('<g id="matplotlib.axis_1">'):svg.index('<g id="matplotlib.axis_2">')]
+    texts = re.findall(r"<!-- (.*?) -->", x_axis)  # the tick labels, the axis label, the offset (the date)
+    labels = texts[:texts.index("time (UTC)")]
+    assert len(labels) >= 3, texts
+    assert len(set(labels)) == len(labels), labels
+    assert any("2026" in t for t in texts[texts.index("time (UTC)"):]), texts

@@ -6,8 +6,11 @@ fresh connections (either worker) and its /metrics port.
 
 from __future__ import annotations
 
+import calendar
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -135,6 +138,10 @@ def test_policy_metrics_keep_one_series_and_count_each_reload_once_per_replica(
         last_hash = _hash(text, tmp_path)
         wait_until(f"generation {i + 1}", lambda g=i + 1: all(
             b["policy"]["generation"] == g for _, b in readyz_everywhere(server, 4)))
+        # The master counts reloads on its own check of the file: the next publish waits for it too, or two
+        # publishes between two of its checks would be one reload for it.
+        wait_until(f"the master at generation {i + 1}", lambda g=i + 1: samples(
+            scrape(server), "csinode_guard_policy_generation") == {"": float(g)})
     text = scrape(server)
     assert samples(text, "csinode_guard_policy_info") == {f'{{hash="{last_hash}",name="p5"}}': 1.0}
     assert samples(text, "csinode_guard_policy_generation") == {"": 6.0}
@@ -172,7 +179,9 @@ def test_every_metric_of_a_serving_replica_is_in_the_readme(server_factory: Any,
 
 def test_every_metric_the_code_defines_is_in_the_readme_and_counters_name_events() -> None:
     script = """
+import calendar
 import json
+import os
 from prometheus_client import REGISTRY
 import webhook.metrics, webhook.providers.metrics
 from webhook.policy_metrics import PolicyCollector
@@ -193,3 +202,57 @@ print(json.dumps(names))
     assert _readme_metric_names() - defined - {"csinode_guard_serving_certificate_expiry_timestamp_seconds"} == set()
     # A counter counts events; a name that reads as a number of things (a gauge's name) is not one.
     assert [n for n, kind in families.items() if kind == "counter" and n.endswith(("_entries", "_objects"))] == []
+
+
+def test_a_deleted_policy_file_is_reported_by_readyz_a_gauge_and_the_log_but_a_brief_swap_gap_is_not(
+    server_factory: Any, tmp_path: Path
+) -> None:
+    """``rm`` of the policy file: after a couple of reload intervals every worker reports it missing (after an
+    invalid edit too, the problem line changes from "invalid" to "missing"), the gauge is 1 and the log says so.
+    A ConfigMap's ``..data`` symlink dangling for a moment reports nothing. Putting a file back clears it."""
+    volume = ConfigMapVolume(tmp_path / "configmap")
+    good = policy_text("denying", "deny")
+    volume.publish(good)
+    server = server_factory("--policy", str(volume.policy), "--policy-reload-interval", "0.5", workers=2)
+    good_hash = readyz(server)["policy"]["hash"]
+
+    # A swap caught halfway: the symlink points nowhere for a moment, then the same content is back.
+    target = os.readlink(volume.root / "..data")
+    (volume.root / "..data").unlink()
+    time.sleep(0.2)
+    (volume.root / "..data").symlink_to(target)
+    for _ in range(3):
+        time.sleep(0.5)
+        assert all(not body["problems"] for _, body in readyz_everywhere(server, 4))
+    assert samples(scrape(server), "csinode_guard_policy_file_invalid") == {"": 0.0}
+
+    volume.publish(invalid_policy_text())
+    wait_until("the refused file", lambda: all(
+        body["problems"] and " invalid since " in body["problems"][0] for _, body in readyz_everywhere(server)))
+
+    deleted_at = time.time()
+    shutil.rmtree(volume.root)
+
+    def all_missing() -> list[tuple[int, dict[str, Any]]] | None:
+        answers = readyz_everywhere(server)
+        return answers if all(body["problems"] and " missing " in body["problems"][0] for _, body in answers) else None
+
+    for status, body in wait_until("every worker to report the missing file", all_missing):
+        assert (status, body["status"]) == (200, "degraded"), body
+        assert body["policy"] == {"hash": good_hash, "generation": 1}
+        [problem] = body["problems"]
+        match = re.fullmatch(rf"policy file {re.escape(str(volume.policy))} missing since (\S+), serving generation 1",
+                             problem)
+        assert match, problem
+        since = calendar.timegm(time.strptime(match.group(1), "%Y-%m-%dT%H:%M:%SZ"))
+        assert deleted_at - 1 <= since <= time.time()
+    wait_until("the gauge", lambda: samples(scrape(server), "csinode_guard_policy_file_invalid") == {"": 1.0})
+    log = server.stderr_path.read_text()
+    assert [line for line in log.splitlines() if f"policy file {volume.policy} missing since" in line], log[-2000:]
+    assert decide_39(server) == ("deny", 1)
+
+    volume = ConfigMapVolume(tmp_path / "configmap")
+    volume.publish(good)
+    wait_until("the problem to clear on every worker",
+               lambda: all(not body["problems"] for _, body in readyz_everywhere(server)))
+    wait_until("the gauge to clear", lambda: samples(scrape(server), "csinode_guard_policy_file_invalid") == {"": 0})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -168,6 +169,17 @@ def test_a_broken_test_file_is_reported_with_its_path(tmp_path: Path, broken: di
     assert where in result.stdout and problem in result.stdout
 
 
+def test_a_test_file_of_random_bytes_is_reported_like_validate_reports_it(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_bytes(b"\xff\xfe\x81\x00garbage\x9c")
+    result = cli("policy", "test", str(path))
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    assert f"ERROR {path}" in result.stdout
+    assert f"{path}: at byte 0: not UTF-8 text" in result.stdout
+    assert "1 could not run" in result.stdout
+
+
 def test_a_step_on_an_undeclared_node_stops_the_case(tmp_path: Path) -> None:
     path = make_test_file(tmp_path, [one_node([{"node": "nope", "drivers": {EBS: 24}}])])
     (result,) = run_test_file(path).cases
@@ -312,3 +324,49 @@ def test_a_justification_with_an_absolute_expiry_that_has_passed_is_not_recorded
 def test_a_step_with_only_facts_may_not_expect_a_decision() -> None:
     (case,) = run([one_node([{"resourceExhausted": [EBS], "expect": {"decision": "allow"}}])])
     assert case.error is not None and "a step without a write has no decision" in case.error
+
+
+def _why_lines(stdout: str) -> list[str]:
+    """The explanation lines ``policy test`` prints under a failed step (one per rule outcome)."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "why:")
+    return [line.strip() for line in lines[start + 1:] if line.startswith("            ")]
+
+
+def test_a_change_rate_pass_lifted_by_a_justification_names_the_justification(tmp_path: Path) -> None:
+    """An approver's justification (20..27), then kubelet raises the count 45 s after the last accepted change:
+    admitted, and the change-rate outcome says the justification lifted the minimum interval."""
+    path = make_test_file(tmp_path, [one_node([
+        {"drivers": {EBS: 2}, "expect": {"decision": "allow"}},
+        {"after": "10s", "user": "alice", "groups": ["csinode-guard:approvers", "system:authenticated"],
+         "justification": [{"driver": EBS, "reason": "more volumes", "minCount": 20, "maxCount": 27,
+                            "expires": "2h", "ticket": "OPS-4711"}],
+         "expect": {"decision": "allow", "approvals": 1}},
+        # "called: false" is deliberately wrong: the failed step prints every rule outcome.
+        {"after": "35s", "drivers": {EBS: 20}, "expect": {"decision": "allow", "final": {EBS: 20}, "called": False}},
+    ], count=1)])
+    result = cli("policy", "test", str(path))
+    assert "called: expected false, got true" in result.stdout, result.stdout
+    assert [f for f in result.stdout.splitlines() if f.strip().startswith(("decision:", "final:"))] == []
+    [rate] = [line for line in _why_lines(result.stdout) if line.startswith("change-rate")]
+    assert ": pass - 45s since the last accepted change (minimum 60s); the minimum is lifted by the " \
+           "justification by alice (OPS-4711) for counts 20..27" in rate, rate
+
+
+@pytest.mark.parametrize(("version", "expected"), [
+    pytest.param("banana", "pass - driver version banana (annotation source) cannot be compared: not a semantic "
+                 "version; writer-version.onUnknown: allow applied", id="a version that is not semantic"),
+    pytest.param("v1.37.0", "pass - driver version v1.37.0 (annotation source)", id="a comparable version"),
+])
+def test_a_writer_version_pass_says_when_the_version_could_not_be_compared(
+    tmp_path: Path, version: str, expected: str
+) -> None:
+    policy = policy_with(tmp_path, defaults__minVersion="v1.30.0", rules__writer_version__onUnknown="allow")
+    path = make_test_file(tmp_path, [one_node([
+        {"drivers": {EBS: 26}, "expect": {"decision": "allow", "called": False}},
+    ], driverVersions={EBS: version})], policy=policy)
+    result = cli("policy", "test", str(path))
+    assert "called: expected false, got true" in result.stdout, result.stdout + result.stderr
+    [line] = [line for line in _why_lines(result.stdout) if line.startswith("writer-version")]
+    # The source (annotation, pod, kubelet) is the driver profile's; the rest of the sentence is the point.
+    assert re.search(re.escape(expected).replace(re.escape("(annotation source)"), r"\(\w+ source\)"), line), line

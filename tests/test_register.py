@@ -203,6 +203,15 @@ def test_register_with_url_and_kubeconfig_from_the_environment(
     [
         pytest.param(["--url", "https://h:1", "--service", "x"], "--url replaces the Service", id="url-and-service"),
         pytest.param(["--url", "http://h:1"], "must be https://", id="plain-http-url"),
+        pytest.param(["--url", "https://127.0.0.1:99999"], "port 99999 is not a TCP port (1-65535)",
+                     id="a port over 65535"),
+        pytest.param(["--url", "https://127.0.0.1:0"], "port 0 is not a TCP port", id="port 0"),
+        pytest.param(["--url", "https://127.0.0.1:28443/mutate"],
+                     "the path already ends in /mutate, but /mutate and /validate are appended to it (this URL "
+                     "would call /mutate/mutate): give the guard's base URL, e.g. https://127.0.0.1:28443",
+                     id="a URL that already ends in /mutate"),
+        pytest.param(["--url", "https://guard.example/base/validate/"], "e.g. https://guard.example/base",
+                     id="a URL that already ends in /validate/"),
     ],
 )
 def test_register_rejects_contradictory_options(

@@ -489,6 +489,10 @@ def off_scale_counts(points: Sequence[TimelinePoint]) -> list[int]:
     return sorted({v for p in points for v in (p.old, p.new, p.final) if v is not None and v > top})
 
 
+class UnsupportedFormatError(ValueError):
+    """The picture's suffix names no format matplotlib writes (the message lists those it does)."""
+
+
 def _pyplot() -> Any:
     try:
         matplotlib = importlib.import_module("matplotlib")
@@ -542,13 +546,22 @@ def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, out
     justified corrections with a triangle. The y axis is scaled to the plausible counts (:func:`scale_top`):
     counts off the scale (2147483647, or far above the others) are drawn in a band at the top edge, each labelled
     with its value; unbounded is drawn above that. The legend sits outside the plot.
-    Raises :class:`MissingDependencyError` without matplotlib.
+    Raises :class:`MissingDependencyError` without matplotlib, :class:`UnsupportedFormatError` (naming the
+    formats there are) for a suffix matplotlib cannot write; nothing is written then.
     """
     plt = _pyplot()
     scale = timeline_scale(points)
     y = scale.y
 
     fig, ax = plt.subplots(figsize=(12.5, 4.8), dpi=100)
+    formats = fig.canvas.get_supported_filetypes()
+    suffix = output.suffix[1:].lower()
+    if suffix and suffix not in formats:
+        plt.close(fig)
+        raise UnsupportedFormatError(
+            f"{output}: {output.suffix!r} is not a picture format matplotlib writes; use one of "
+            + ", ".join(f".{name}" for name in sorted(formats))
+        )
     segments, gaps = _stored_segments(points, y)
     for i, (ts, ys) in enumerate(segments):
         ax.step(ts, ys, where="post", color=STORED_COLOR, linewidth=2, label="stored count" if i == 0 else None)
@@ -615,8 +628,13 @@ def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, out
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
     dates = importlib.import_module("matplotlib.dates")
-    ax.xaxis.set_major_formatter(dates.DateFormatter("%Y-%m-%d %H:%M"))
-    fig.autofmt_xdate()
+    # Ticks where the span needs them (seconds for a minute-long incident, days for a month) and labels that
+    # name only what changes from one tick to the next, the date once as the axis offset; ticks seconds apart
+    # keep their hour and minute ("02:00:10", not a bare "10" that the next minute repeats).
+    locator = dates.AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(dates.ConciseDateFormatter(
+        locator, formats=["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S"]))
     fig.tight_layout()
     fig.savefig(output)
     plt.close(fig)

@@ -74,6 +74,7 @@ from webhook.state import (
     decode_state,
     encode_state,
 )
+from webhook.versions import is_valid_version
 
 
 class Mode(enum.StrEnum):
@@ -246,10 +247,19 @@ def _above(count: int | None, trusted: int | None) -> bool:
     return count is None or count > trusted
 
 
+MAX_REMEMBERED_ANNOTATION = 1024
+"""Characters of a driver-versions annotation remembered at most (longer ones are decoded every time, so that
+the cache holds at most 1024 x 1 KB; a few drivers need some 30 characters each)."""
+
+
 @functools.lru_cache(maxsize=1024)
 def _published_versions(raw: str) -> Mapping[str, Any]:
     """The driver-versions annotation decoded (empty when it is not a JSON object); remembered per value, as
     every write of a node carries the same one. Read-only: the result is shared."""
+    return _decode_versions(raw)
+
+
+def _decode_versions(raw: str) -> Mapping[str, Any]:
     try:
         versions = json.loads(raw)
     except (ValueError, RecursionError):  # JSONDecodeError, or an integer over 4300 digits
@@ -319,7 +329,7 @@ def _pass_reason(rule: str, ctx: RuleContext) -> str:
             return f"{ctx.writer.username} is a writer the policy lists"
         return "justified by a recorded approval"
     if rule == "writer-version":
-        return f"driver version {ctx.driver_version or 'unknown'} ({ctx.driver_policy.version_source.type} source)"
+        return _version_pass_reason(ctx)
     if rule == "count-ceiling":
         ceiling, why = ctx.ceiling
         return f"within the ceiling {format_count(ceiling)} {('(' + why + ')') if why else ''}".rstrip()
@@ -329,8 +339,33 @@ def _pass_reason(rule: str, ctx: RuleContext) -> str:
         if ctx.entry is None:
             return "no earlier change recorded"
         elapsed = (ctx.now - ctx.entry.changed_at).total_seconds()
-        return f"{elapsed:.0f}s since the last accepted change (minimum {min_interval(ctx):.0f}s)"
+        reason = f"{elapsed:.0f}s since the last accepted change (minimum {min_interval(ctx):.0f}s)"
+        approval = ctx.justification_for() if elapsed < min_interval(ctx) else None
+        if approval is not None:  # change_rate.check lets a justified increase through at any pace
+            reason += f"; the minimum is lifted by {_approval_text(approval)}"
+        return reason
     return "no correction or freeze in effect" if ctx.change.is_increase else "decrease"
+
+
+def _approval_text(approval: Approval) -> str:
+    """``the justification by alice (OPS-4711) for counts 20..27``: which recorded approval lifted a rule."""
+    ticket = f" ({approval.ticket})" if approval.ticket else ""
+    return (f"the justification by {approval.approved_by or '(unknown)'}{ticket} for counts "
+            f"{approval.min_count}..{approval.max_count}")
+
+
+def _version_pass_reason(ctx: RuleContext) -> str:
+    """Why writer-version found nothing: the version and its source, and when the version is unknown or cannot
+    be compared (not a semantic version), that onUnknown let it through (or that the change is a decrease)."""
+    version, source = ctx.driver_version, ctx.driver_policy.version_source.type
+    compared_with = ctx.driver_policy.min_version or (ctx.entry.writer_version if ctx.entry else None)
+    if version is not None and (compared_with is None or is_valid_version(version)):
+        return f"driver version {version} ({source} source)"
+    what = (f"driver version unknown ({source} source)" if version is None
+            else f"driver version {version} ({source} source) cannot be compared: not a semantic version")
+    if not ctx.change.is_increase:
+        return f"{what}; decreases are not held back by onUnknown"
+    return f"{what}; writer-version.onUnknown: {ctx.driver_policy.rules.version_on_unknown} applied"
 
 
 def _capacity_note(change: CountChange, errors: Sequence[AttachError] | None, fraction: float) -> str | None:
@@ -447,6 +482,7 @@ class _Evaluation:
         state = self.decoded.state
         self.entries: Mapping[str, EntryState] = state.entries if state is not None else {}
         self.approvals: list[Approval] = list(state.approvals) if state is not None else []
+        self.approvals_by_driver: dict[str, tuple[Approval, ...]] = {}
         self.approvals_recorded = 0
         self.declared: dict[str, DeclaredVersion] = dict(state.declared) if state is not None else {}
         self.declared_changed = False
@@ -559,6 +595,14 @@ class _Evaluation:
                 self.approvals_recorded += 1
         return None
 
+    def _index_approvals(self) -> None:
+        """Group the approvals by driver once, so that each change looks only at its own (linear judging, not
+        drivers x approvals)."""
+        by_driver: dict[str, list[Approval]] = {}
+        for a in self.approvals:
+            by_driver.setdefault(a.driver, []).append(a)
+        self.approvals_by_driver = {d: tuple(found) for d, found in by_driver.items()}
+
     def _record_versions(self) -> None:
         """Record the driver versions a trusted principal declares in a version annotation, with who set them;
         a change by anyone else is a writer-identity finding (like a justification from a stranger) and is
@@ -584,7 +628,8 @@ class _Evaluation:
                 if self.never_refused:
                     self.restore_annotations.append(annotation)
                 continue
-            versions = _published_versions(new_value or "")
+            raw = new_value or ""
+            versions = (_published_versions if len(raw) <= MAX_REMEMBERED_ANNOTATION else _decode_versions)(raw)
             if new_value and not versions:
                 self.notes.append(f"{annotation} is not a JSON object of driver versions; nothing recorded")
             for driver, version in versions.items():
@@ -663,7 +708,7 @@ class _Evaluation:
             driver_policy=dp,
             writer=self.writer,
             entry=self.entries.get(change.driver),
-            approvals=tuple(self.approvals),
+            approvals=self.approvals_by_driver.get(change.driver, ()),
             driver_version=_driver_version(dp, self.declared, self.cluster, self.node, change.driver),
             node_labels=self.labels,
             attach_errors=errors,
@@ -866,7 +911,7 @@ class _Evaluation:
                 capacity = [e for e in ctx.attach_errors or () if e.error_class is AttachErrorClass.CAPACITY]
                 if capacity:
                     basis = "resource-exhausted"
-                elif any(a.covers(c.driver, final, self.now) for a in self.approvals):
+                elif any(a.covers(c.driver, final, self.now) for a in self.approvals_by_driver.get(c.driver, ())):
                     basis = "justification"
                 if basis:
                     correction = Correction(at=self.now, before=c.old, after=final, basis=basis)
@@ -952,6 +997,7 @@ class _Evaluation:
         if invalid is not None:
             return invalid
         self._record_versions()
+        self._index_approvals()
         for change in changes:
             self._judge(change)
         if self.mode is Mode.VALIDATE:

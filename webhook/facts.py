@@ -16,10 +16,16 @@ For ``csinode-guard evaluate --cluster-facts FILE`` and offline experiments::
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from functools import cache
+from importlib import resources
 from typing import Any
 
+import jsonschema
+
 from webhook.cluster import AttachError, StaticClusterView
+from webhook.policy import describe_schema_error, json_path
 from webhook.state import parse_time
 
 
@@ -27,11 +33,32 @@ class FactsError(ValueError):
     """The facts document has a field of the wrong shape (message names it)."""
 
 
+@cache
+def _schema() -> dict[str, Any]:
+    text = resources.files("webhook").joinpath("schema/clusterfacts.schema.json").read_text("utf-8")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded
+
+
+def check_facts(doc: Any) -> None:
+    """Check a facts document against ``webhook/schema/clusterfacts.schema.json``; raises FactsError naming the
+    JSON path of the first (deepest) violation and the constraint (``$.nodes['n1'].labels: 7 is not of type
+    'object', 'null'``)."""
+    validator = jsonschema.Draft202012Validator(_schema())
+    errors = sorted(validator.iter_errors(doc), key=lambda e: (-len(e.absolute_path), str(e.absolute_path)))
+    if errors:
+        best = jsonschema.exceptions.best_match(errors) or errors[0]
+        raise FactsError(f"{json_path(best.absolute_path)}: {describe_schema_error(best)}")
+
+
 def view_from_facts(doc: Mapping[str, Any] | None) -> StaticClusterView:
-    """Build a StaticClusterView from a facts document (see the module docstring); raises FactsError."""
-    doc = doc or {}
+    """Build a StaticClusterView from a facts document (see the module docstring); raises FactsError when the
+    document breaks the schema (:func:`check_facts`) or a time is not RFC 3339."""
+    doc = {} if doc is None else doc
     if not isinstance(doc, Mapping):
-        raise FactsError("cluster facts must be a mapping")
+        raise FactsError("cluster facts must be a mapping (nodes, driverPeriods, driverVersions, attachErrors, "
+                         "attached)")
+    check_facts(doc)
     try:
         errors: dict[tuple[str, str], list[AttachError]] = {}
         for i, e in enumerate(doc.get("attachErrors") or []):

@@ -3,7 +3,10 @@
 Under ``serve`` the environment variable ``PROMETHEUS_MULTIPROC_DIR`` is set before this module is imported,
 so every worker writes its samples to files there and the master serves the merged view on the plain-HTTP
 metrics port (prometheus_client multiprocess mode). Gauges declare how they merge across processes.
-Label values are bounded: endpoints, decisions, rule ids, enforcement actions, drivers — never node names.
+Label values are bounded: endpoints, decisions, rule ids, enforcement actions, HTTP codes, reasons from fixed
+sets, and drivers — never node names. A driver name comes from the request, so it labels a series only when the
+policy names it or the cluster has a CSIDriver of that name (:func:`driver_label`); any other name counts under
+``other``, and at most :data:`MAX_DRIVER_LABELS` names ever label a series in one process.
 The policy metrics are the master's (:mod:`webhook.policy_metrics`): one series per live policy, once per replica.
 """
 
@@ -13,9 +16,10 @@ import atexit
 import logging
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from webhook.evaluation import AdmissionDecision, Decision
 from webhook.flushlock import flush_lock
@@ -65,10 +69,58 @@ INTERNAL_ERRORS = Counter(
     "csinode_guard_internal_errors",
     "Evaluations that failed with an unexpected error (count increases refused, other writes admitted unjudged).",
 )
+CLIENT_FAULTS = Counter(
+    "csinode_guard_client_faults",
+    "Requests dropped for the client's fault, by reason (too_slow: headers or body not sent within the read "
+    "deadline; disconnected: the client went away mid-body). Not the guard's errors: no internal-errors alert.",
+    ["reason"],
+)
 AUDIT_FAILURES = Counter(
     "csinode_guard_audit_write_failures",
     "Audit records that could not be written to the audit log (they went to the error log instead).",
 )
+AUDIT_TIMEOUTS = Counter(
+    "csinode_guard_audit_write_timeouts",
+    "Audit records not written within the write deadline (a stalled reader); their count increases were refused.",
+)
+AUDIT_STALLED = Gauge(
+    "csinode_guard_audit_log_stalled",
+    "1 while a worker's audit log is stalled (its last record missed the write deadline), else 0.",
+    multiprocess_mode="livemax",
+)
+AUDIT_REOPENS = Counter(
+    "csinode_guard_audit_log_reopens",
+    "Times the audit file was found removed or replaced (rotated) under its path and opened again, by reason.",
+    ["reason"],
+)
+AUDIT_ORPHANED = Counter(
+    "csinode_guard_audit_records_orphaned",
+    "Records written to an audit file that had been deleted (written again to the new file).",
+)
+
+OTHER_DRIVER = "other"
+"""The driver label of every driver the policy does not name and the cluster has no CSIDriver for."""
+MAX_DRIVER_LABELS = 256
+"""Distinct driver label values one process uses at most (a cluster with more CSIDrivers counts the rest as
+``other``)."""
+_driver_labels: set[str] = set()
+_driver_labels_lock = threading.Lock()
+
+
+def driver_label(driver: str, known: Callable[[str], bool] | None) -> str:
+    """The metric label for ``driver`` (a name from a request): itself when ``known(driver)`` (the policy names
+    it, or a CSIDriver exists) and fewer than :data:`MAX_DRIVER_LABELS` names are in use, else ``other``."""
+    if driver in _driver_labels:
+        return driver
+    if known is None or not known(driver):
+        return OTHER_DRIVER
+    with _driver_labels_lock:
+        if len(_driver_labels) >= MAX_DRIVER_LABELS:
+            return OTHER_DRIVER
+        _driver_labels.add(driver)
+    return driver
+
+
 _children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
 
@@ -170,6 +222,11 @@ def count_bad_request(code: int) -> None:
     _child(BAD_REQUESTS, str(code)).inc()
 
 
+def count_client_fault(reason: str) -> None:
+    """Count one request dropped for the client's fault (``reason``: too_slow | disconnected)."""
+    _child(CLIENT_FAULTS, reason).inc()
+
+
 def _log_state_problem(endpoint: str, decision: AdmissionDecision) -> None:
     # One warning per AdmissionReview whose state annotation was present but not used. It names the CSINode and
     # why (``DecodedState.detail``), never the annotation's value, its signature or a key.
@@ -177,11 +234,13 @@ def _log_state_problem(endpoint: str, decision: AdmissionDecision) -> None:
                 endpoint, STATE_ANNOTATION, decision.node, decision.state_problem, decision.state_detail)
 
 
-def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, seconds: float) -> None:
+def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, seconds: float,
+                     known_driver: Callable[[str], bool] | None = None) -> None:
     """Record one answered AdmissionReview: request count, latency, rule results, state and freezes.
 
     A state annotation that was not used is counted under its reason (``missing`` too); one that was present but
-    unusable (a bad signature, another object's, malformed) is also logged once, at warning."""
+    unusable (a bad signature, another object's, malformed) is also logged once, at warning. Drivers label series
+    only when ``known_driver(name)`` is true (:func:`driver_label`); None: none does."""
     keys: list[tuple[Any, tuple[str, ...]]] = [
         (REQUESTS, (endpoint, decision.decision.value, "true" if dry_run else "false"))
     ]
@@ -196,13 +255,13 @@ def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, 
             ):
                 change = finals.get(o.driver)
                 if decision.decision is Decision.DENY or (change is not None and change.final == change.change.old):
-                    keys.append((DISAGREEMENT, (o.driver, o.rule)))
+                    keys.append((DISAGREEMENT, (driver_label(o.driver, known_driver), o.rule)))
     if decision.state_problem is not None:
         keys.append((STATE_FAILURES, (decision.state_problem.value,)))
         if decision.state_problem is not StateProblem.MISSING:
             _log_state_problem(endpoint, decision)
     if not dry_run:
-        keys += [(FREEZES, (c.change.driver,)) for c in decision.changes if c.frozen]
+        keys += [(FREEZES, (driver_label(c.change.driver, known_driver),)) for c in decision.changes if c.frozen]
     if _PENDING:
         _PENDING[0].add(keys, endpoint, seconds)
         return

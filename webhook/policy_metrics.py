@@ -9,8 +9,8 @@ generation numbers as the workers) and reports, per replica:
 - ``csinode_guard_policy_info{hash,name}`` 1: one series, the policy in force;
 - ``csinode_guard_policy_generation``: its generation;
 - ``csinode_guard_policy_reloads_total{result}``: reload attempts, success|invalid, once per replica;
-- ``csinode_guard_policy_file_invalid``: 1 while the file on disk is refused (the last good policy serves, and
-  the next start would refuse the file), else 0.
+- ``csinode_guard_policy_file_invalid``: 1 while the file on disk is refused or missing (the last good policy
+  serves, and the next start would refuse the file), else 0.
 """
 
 from __future__ import annotations
@@ -61,6 +61,6 @@ class PolicyCollector:
                 reloads.add_metric([result], count)
         yield reloads
         yield GaugeMetricFamily("csinode_guard_policy_file_invalid",
-                                "1 while the policy file is refused (the last good policy serves; a restart "
-                                "would refuse the file), else 0.",
+                                "1 while the policy file is refused or missing (the last good policy serves; a "
+                                "restart would refuse the file), else 0.",
                                 value=1 if store.problem() is not None else 0)

@@ -28,6 +28,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -48,10 +49,15 @@ class PolicyFileProblem:
     since: float
     error: str
     generation: int
+    missing: bool = False
 
     def describe(self) -> str:
-        """One line for /readyz: "policy file P invalid since T, serving generation N: error"."""
+        """One line for /readyz: "policy file P invalid since T, serving generation N: error", or for a file
+        that is gone (``missing``; ``since`` is when this process first found it gone) "policy file P missing
+        since T, serving generation N"."""
         stamp = datetime.fromtimestamp(self.since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if self.missing:
+            return f"policy file {self.path} missing since {stamp}, serving generation {self.generation}"
         return f"policy file {self.path} invalid since {stamp}, serving generation {self.generation}: {self.error}"
 
 
@@ -149,8 +155,11 @@ class PolicyStore:
     """Holds the current :class:`PolicySnapshot`; ``path`` None means the bundled default (never reloaded).
 
     Raises :class:`PolicyError` at construction when the initial policy is invalid (the server must not start
-    on a broken policy). ``on_reload(result, snapshot)`` is called after every reload attempt. ``ledger``
-    numbers the generations (default: shared with this server's other processes, see the module docstring).
+    on a broken policy). A file that is gone for ``missing_grace`` seconds (default two reload intervals: a
+    ConfigMap's ``..data`` swap leaves the path dangling only for a moment) is a problem too, like a refused
+    file: the last good policy serves, but a restart would refuse to start. ``on_reload(result, snapshot)`` is
+    called after every reload attempt. ``ledger`` numbers the generations (default: shared with this server's
+    other processes, see the module docstring).
     """
 
     def __init__(
@@ -159,16 +168,18 @@ class PolicyStore:
         interval: float = 5.0,
         on_reload: Callable[[str, PolicySnapshot], None] | None = None,
         ledger: GenerationLedger | None = None,
+        missing_grace: float | None = None,
     ) -> None:
         self.path = path
         self.interval = interval
+        self.missing_grace = 2 * interval if missing_grace is None else missing_grace
         self._on_reload = on_reload
         self._ledger = ledger if ledger is not None else GenerationLedger.for_policy(path)
         self._fingerprint = _fingerprint(path or bundled_policy_path())
         policy = load_policy(path)
         self._snapshot = PolicySnapshot(policy, self._ledger.generation_for(policy.hash))
         self._stop = threading.Event()
-        self._missing_reported = False
+        self._missing_since: tuple[float, float] | None = None  # (wall clock, monotonic) when first found gone
         self._problem: PolicyFileProblem | None = None
         self._thread: threading.Thread | None = None
 
@@ -187,14 +198,9 @@ class PolicyStore:
             return None
         fingerprint = _fingerprint(self.path)
         if fingerprint is None:
-            if not self._missing_reported:
-                log.warning(
-                    "policy file %s is gone; the last good policy (generation %d, hash %s) keeps serving",
-                    self.path, self._snapshot.generation, self._snapshot.policy.hash,
-                )
-                self._missing_reported = True
+            self._note_missing()
             return None
-        self._missing_reported = False
+        self._missing_since = None
         if fingerprint == self._fingerprint:
             return None
         self._fingerprint = fingerprint
@@ -219,6 +225,26 @@ class PolicyStore:
         if self._on_reload:
             self._on_reload("success", self._snapshot)
         return "success"
+
+    def _note_missing(self) -> None:
+        """The file is gone: after ``missing_grace`` seconds it is a problem (logged once), not before."""
+        if self._missing_since is None:
+            self._missing_since = (time.time(), time.monotonic())
+        if self._problem is not None and self._problem.missing:
+            return
+        since, first_seen = self._missing_since
+        if time.monotonic() - first_seen < self.missing_grace:
+            return
+        assert self.path is not None
+        self._problem = PolicyFileProblem(self.path, since, "file missing", self._snapshot.generation, missing=True)
+        self._fingerprint = None  # whatever appears next is loaded and judged, even the same content
+        log.error(
+            "policy file %s missing since %s; the last good policy (generation %d, hash %s) keeps serving, "
+            "but a restart would refuse to start",
+            self.path, datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            self._snapshot.generation, self._snapshot.policy.hash,
+            extra={"file": str(self.path)},
+        )
 
     def start(self) -> None:
         """Start the watching thread (no-op for the bundled policy or interval 0)."""

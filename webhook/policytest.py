@@ -372,6 +372,9 @@ def load_test_file(path: Path) -> dict[str, Any]:
         text = path.read_text("utf-8")
     except OSError as exc:
         raise PolicyTestError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise PolicyTestError(str(path), f"byte {exc.start}", "not UTF-8 text: save the policy test as UTF-8"
+                              ) from None
     try:
         doc = load_yaml(text)
     except yaml.YAMLError as exc:

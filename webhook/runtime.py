@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from datetime import UTC, datetime
 from typing import Any
@@ -24,7 +25,7 @@ def run(settings: Settings) -> int:
     from webhook import tls  # noqa: PLC0415
     from webhook.policy_metrics import PolicyCollector  # noqa: PLC0415
     from webhook.policy_store import PolicyStore  # noqa: PLC0415
-    from webhook.serving import GuardApplication, gunicorn_options, new_audit_lock, start_metrics_server  # noqa: PLC0415
+    from webhook.serving import GuardApplication, gunicorn_options, start_metrics_server  # noqa: PLC0415
     from webhook.shared_budget import prepare_budget_dir  # noqa: PLC0415
     from webhook.state import StateKeys  # noqa: PLC0415
 
@@ -59,13 +60,13 @@ def run(settings: Settings) -> int:
             raise tls.StateKeyError(f"state key file {key_path} does not exist")
         keys = StateKeys(tls.ensure_state_key(key_path))
         _check_writable_audit_log(settings.audit_log)
-        _check_port_free(settings.metrics_port)
+        _check_port_free(settings.port, "HTTPS port", settings.host)
+        _check_port_free(settings.metrics_port, "metrics port")
     except (tls.CertificateError, tls.StateKeyError, OSError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     for problem in tls.certificate_problems(cert_file):
         log.error("serving certificate problem: %s", problem)
-    audit_lock = new_audit_lock()
     budget_dir = prepare_budget_dir()  # before the fork: the workers share the cluster increase budget
     log.info(
         "csinode-guard serving https://%s:%d (policy %s, hash %s; certificates in %s; audit log %s)",
@@ -82,7 +83,7 @@ def run(settings: Settings) -> int:
         return ssl_source.context()
 
     def app_factory() -> Any:
-        return build_worker_app(settings, keys, audit_lock, cert_file, budget_dir)
+        return build_worker_app(settings, keys, cert_file, budget_dir)
 
     options = gunicorn_options(settings, cert_file, key_file, ssl_hook, when_ready)
     GuardApplication(settings, app_factory, options).run()
@@ -90,31 +91,37 @@ def run(settings: Settings) -> int:
 
 
 def _check_writable_audit_log(path: str) -> None:
+    from webhook.audit import AUDIT_LOG_MODE  # noqa: PLC0415
+
     if path == "-":
         return
     try:
-        with open(path, "a", encoding="utf-8"):
-            pass
+        # The mode the workers' AuditWriter asks for: this check is what creates the file.
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, AUDIT_LOG_MODE))
     except OSError as exc:
         raise OSError(f"audit log {path} cannot be opened for appending: {exc.strerror or exc}") from None
 
 
-def _check_port_free(port: int) -> None:
+def _check_port_free(port: int, what: str, host: str = "0.0.0.0") -> None:
+    """Raise OSError "<what> <port> is not free" when ``host:port`` cannot be bound (with SO_REUSEADDR, as
+    gunicorn and the metrics server bind, so a connection in TIME_WAIT does not count); port 0 is disabled."""
     if port <= 0:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe.bind(("0.0.0.0", port))
+            probe.bind((host, port))
         except OSError as exc:
-            raise OSError(f"metrics port {port} is not free: {exc.strerror or exc}") from None
+            where = f" on {host}" if what == "HTTPS port" else ""
+            raise OSError(f"{what} {port}{where} is not free: {exc.strerror or exc}") from None
 
 
-def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: Any, budget_dir: Any = None) -> Any:
+def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: Any = None) -> Any:
     """Build one worker's Flask app: policy store (hot reload), cluster view, audit writer, metrics."""
     setup_logging(settings.log_level)
     from webhook import metrics, tls  # noqa: PLC0415
-    from webhook.audit import AuditWriter  # noqa: PLC0415
+    from webhook.audit import AuditHooks, AuditWriter  # noqa: PLC0415
     from webhook.policy_store import PolicySnapshot, PolicyStore  # noqa: PLC0415
     from webhook.server import Runtime, create_app  # noqa: PLC0415
 
@@ -140,7 +147,14 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
 
     certificate_problems()
     metrics.batch_updates()  # per-request samples reach the metric files once a second, off the request path
-    audit = AuditWriter(settings.audit_log, lock=audit_lock, on_failure=lambda _r: metrics.AUDIT_FAILURES.inc())
+    metrics.AUDIT_STALLED.set(0)
+    audit = AuditWriter(settings.audit_log, hooks=AuditHooks(
+        failure=lambda _reason: metrics.AUDIT_FAILURES.inc(),
+        timeout=metrics.AUDIT_TIMEOUTS.inc,
+        stalled=lambda flag: metrics.AUDIT_STALLED.set(1 if flag else 0),
+        reopened=lambda reason: metrics.AUDIT_REOPENS.labels(reason).inc(),
+        orphaned=metrics.AUDIT_ORPHANED.inc,
+    ))
     runtime = Runtime(
         policies=store,
         cluster=cluster,
@@ -152,10 +166,23 @@ def build_worker_app(settings: Settings, keys: Any, audit_lock: Any, cert_file: 
         certificate_problems=certificate_problems,
         cert_file=cert_file,
         observe_count=observe_count,
+        known_driver=_known_driver(store, cluster),
         require_client_cert=settings.client_ca is not None,
         budget_dir=budget_dir,
     )
     return create_app(runtime)
+
+
+def _known_driver(store: Any, cluster: Any) -> Any:
+    """``known(driver)``: the policy in force names it, or the cluster's CSIDriver cache holds it."""
+    has_csidriver = getattr(cluster, "has_csidriver", None)
+
+    def known(driver: str) -> bool:
+        if driver in store.current().policy.drivers:
+            return True
+        return bool(has_csidriver(driver)) if has_csidriver is not None else False
+
+    return known
 
 
 def build_cluster(settings: Settings, policy: Any) -> tuple[Any, Any, Any, Any]:

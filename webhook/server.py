@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, current_app, request
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from webhook import metrics
 from webhook.audit import AuditWriter, build_records
 from webhook.budget import IncreaseBudget
 from webhook.cluster import ClusterView
+from webhook.csinode import format_count
 from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate, unjudged
 from webhook.policy import Policy
 from webhook.policy_store import PolicyStore
@@ -38,6 +39,7 @@ from webhook.review import (
     parse_review,
     peek_uid,
 )
+from webhook.serving import ClientTooSlowError
 from webhook.shared_budget import SharedIncreaseBudget
 from webhook.state import StateKeys
 
@@ -74,8 +76,17 @@ class Runtime:
     certificate_problems: Callable[[], list[str]] = list
     require_client_cert: bool = False
     """/mutate and /validate answer only clients that presented a verified certificate (``--client-ca``)."""
-    observe_count: Callable[[str, int | None, str], object] | None = None
-    """Called with (driver, allocatable count, node) for every admitted count (headroom metric)."""
+    observe_count: Callable[..., object] | None = None
+    """Called with (driver, allocatable count, node, label=driver label) for every admitted count (headroom)."""
+    known_driver: Callable[[str], bool] | None = None
+    """True for a driver the policy names or the cluster has a CSIDriver for: only those label metric series
+    (:func:`webhook.metrics.driver_label`); None: the policy's names only."""
+
+    def is_known_driver(self, driver: str) -> bool:
+        """``known_driver(driver)``, or whether the policy in force names ``driver``."""
+        if self.known_driver is not None:
+            return self.known_driver(driver)
+        return driver in self.policies.current().policy.drivers
     cert_file: Path | None = None
     budget_dir: Path | None = None
     """Where the replica's workers share the cluster increase budget (``webhook.shared_budget``); None keeps it
@@ -130,17 +141,44 @@ def _error(code: int, message: str) -> Response:
     return response
 
 
+class ClientFaultError(Exception):
+    """The client did not send its whole body: too slow (``reason="too_slow"``) or gone (``"disconnected"``)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+
+
 def _read_body(limit: int) -> bytes | None:
     """The request body, or None when it is longer than ``limit`` bytes (then at most ``limit + 1`` are read).
 
     A declared Content-Length over the limit is refused before reading anything. A chunked body (no length)
     is read up to one byte past the limit: werkzeug's own limit would silently cut it to ``limit`` bytes.
+    Raises :class:`ClientFaultError` when the client stalls past the read deadline or goes away mid-body.
     """
     length = request.content_length
-    if length is not None:
-        return None if length > limit else request.get_data(cache=False)
-    body: bytes = request.environ["wsgi.input"].read(limit + 1)
+    try:
+        if length is not None:
+            return None if length > limit else request.get_data(cache=False)
+        body: bytes = request.environ["wsgi.input"].read(limit + 1)
+    except ClientTooSlowError as exc:
+        raise ClientFaultError("too_slow", exc.strerror or str(exc)) from None
+    except (ConnectionError, TimeoutError, ClientDisconnected) as exc:
+        # werkzeug turns a read error under a declared length into ClientDisconnected: the socket knows whether
+        # it was the read deadline.
+        if getattr(request.environ.get("gunicorn.socket"), "timed_out", False):
+            raise ClientFaultError("too_slow", "client sent no complete request in time") from None
+        raise ClientFaultError("disconnected", str(exc) or type(exc).__name__) from None
     return None if len(body) > limit else body
+
+
+def _client_fault(fault: ClientFaultError) -> Response:
+    """408 for a body that did not arrive (counted as a client fault, not a bad request nor an internal error);
+    the connection is closed after it."""
+    metrics.count_client_fault(fault.reason)
+    response = _json({"error": f"the request body did not arrive: {fault}", "code": 408}, 408)
+    response.headers["Connection"] = "close"
+    return response
 
 
 MAX_DRAIN_BYTES = 8 * 1024 * 1024
@@ -200,7 +238,10 @@ def _review(mode: Mode) -> Response:
                            "client certificate)")
     if request.mimetype != "application/json":
         return _error(415, f"Content-Type must be application/json, not {request.mimetype or '(none)'!r}")
-    body = _read_body(runtime.max_body_bytes)
+    try:
+        body = _read_body(runtime.max_body_bytes)
+    except ClientFaultError as fault:
+        return _client_fault(fault)
     if body is None:
         size = f"of {request.content_length} bytes " if request.content_length is not None else ""
         return _refuse_too_large(f"body {size}is over the limit of {runtime.max_body_bytes} bytes")
@@ -229,13 +270,17 @@ def _review(mode: Mode) -> Response:
         decision = unjudged(review)
     if decision.notes and decision.decision in (Decision.SKIP, Decision.DENY):
         log.warning("request %s: %s", review.uid, "; ".join(decision.notes))
+    if not _audit(runtime, decision, review, mode, now, snapshot.policy.hash, snapshot.generation,
+                  time.perf_counter() - started):
+        decision = _unaudited(decision, review)
     document = build_response(review.uid, decision.response, allow_patch=mode is Mode.MUTATE)
     latency = time.perf_counter() - started
-    _audit(runtime, decision, review, mode, now, snapshot.policy.hash, snapshot.generation, latency)
-    metrics.observe_decision(mode.value, decision, review.dry_run, latency)
+    metrics.observe_decision(mode.value, decision, review.dry_run, latency, runtime.is_known_driver)
     if runtime.observe_count is not None and mode is Mode.VALIDATE and decision.response.allowed:
         for change in decision.changes:
-            runtime.observe_count(change.change.driver, change.final, decision.node)
+            driver = change.change.driver
+            runtime.observe_count(driver, change.final, decision.node,
+                                  label=metrics.driver_label(driver, runtime.is_known_driver))
     response = _json(document)
     record_dir = current_app.config.get(RECORD_REVIEWS_ENV)
     if record_dir:
@@ -257,7 +302,10 @@ def _noop() -> Any:
         return _error(403, "a client certificate signed by the --client-ca is required")
     if request.mimetype != "application/json":
         return _error(415, "Content-Type must be application/json")
-    body = _read_body(runtime.max_body_bytes)
+    try:
+        body = _read_body(runtime.max_body_bytes)
+    except ClientFaultError as fault:
+        return _client_fault(fault)
     if body is None:
         return _refuse_too_large(f"body is over the limit of {runtime.max_body_bytes} bytes")
     try:
@@ -272,6 +320,37 @@ def _noop() -> Any:
     return response
 
 
+def _raises_a_count(decision: AdmissionDecision, review: AdmissionRequest) -> list[str]:
+    """The admitted count increases of ``decision`` (``driver: old -> final``); registrations and CREATE have none
+    (never refused)."""
+    if not decision.response.allowed or review.operation != "UPDATE":
+        return []
+    rising = []
+    for c in decision.changes:
+        old, final = c.change.old, c.final
+        if old is not None and (final is None or final > old):
+            rising.append(f"{c.change.driver}: {format_count(old)} -> {format_count(final)}")
+    return rising
+
+
+def _unaudited(decision: AdmissionDecision, review: AdmissionRequest) -> AdmissionDecision:
+    """The decision when its audit record could not be written in time: the design's asymmetry.
+
+    An admitted count increase is refused (403; kubelet retries at its next period), since nothing would record
+    why it was let in; any other write keeps its decision. The records went to the error log."""
+    rising = _raises_a_count(decision, review)
+    if not rising:
+        return decision
+    message = (f"csinode-guard could not write its audit record in time (audit log stalled), so it refuses count "
+               f"increases ({', '.join(rising[:5])}{', ...' if len(rising) > 5 else ''}); other writes are admitted")
+    log.error("request %s: %s", review.uid, message)
+    return decision._replace(
+        response=AdmissionResponse(allowed=False, status_code=403, reason="Forbidden", message=message,
+                                   audit_annotations={"decision": "error"}),
+        decision=Decision.DENY,
+    )
+
+
 def _audit(
     runtime: Runtime,
     decision: AdmissionDecision,
@@ -281,7 +360,8 @@ def _audit(
     policy_hash: str,
     generation: int,
     latency: float,
-) -> None:
+) -> bool:
+    """Write the decision's audit records; False when one of them was not written (it went to the error log)."""
     records = build_records(
         decision,
         review,
@@ -291,7 +371,7 @@ def _audit(
         policy_generation=generation,
         latency_seconds=latency,
     )
-    runtime.audit.write(records)
+    return runtime.audit.write(records) == len(records)
 
 
 def _record(directory: Path, mode: Mode, body: bytes, answer: bytes) -> None:
@@ -340,6 +420,7 @@ def create_app(runtime: Runtime) -> Flask:
         cluster_ready, cluster_reason = runtime.readiness()
         if not cluster_ready:
             problems.append(f"cluster caches: {cluster_reason}")
+        problems += runtime.audit.problems()
         ready = not problems
         # A refused policy file does not make the replica unready (the last good policy serves), but it is
         # reported: the next start would refuse the file.

@@ -4,8 +4,9 @@ Why this shape: the apiserver calls webhooks over HTTP/1.1 with keep-alive; guni
 connection after every response (a TLS handshake per request), so the workers are ``gthread``. gunicorn 27
 opens a control socket under the home directory unless disabled (a read-only root filesystem), so it is
 disabled. The TLS context is ``webhook.tls.ReloadingSSLContext``: rotated certificates are picked up without a
-restart. Each worker builds its own runtime (policy store, cluster view, audit writer) after the fork; the audit
-lock and the Prometheus multiprocess directory are created in the master before it. SIGTERM: gunicorn stops
+restart. Each worker builds its own runtime (policy store, cluster view, audit writer) after the fork; the
+Prometheus multiprocess directory is created in the master before it (the audit writers share no lock a dead
+worker could keep: :mod:`webhook.audit`). SIGTERM: gunicorn stops
 accepting, lets in-flight requests finish (``graceful_timeout``) and exits 0; audit records are written
 unbuffered, so there is nothing left to flush.
 
@@ -28,7 +29,6 @@ import atexit
 import contextlib
 import errno
 import logging
-import multiprocessing
 import os
 import shutil
 import ssl
@@ -102,6 +102,11 @@ class DeadlineSSLSocket(ssl.SSLSocket):
     _requested: float | None = None
     _abandoned = False
 
+    @property
+    def timed_out(self) -> bool:
+        """True once a read passed the deadline (the connection is being closed)."""
+        return self._abandoned
+
     def setblocking(self, flag: bool) -> None:
         """Blocking mode starts a new request deadline; non-blocking mode (idle in the poller) clears it."""
         if not flag:
@@ -126,6 +131,11 @@ class DeadlineSSLSocket(ssl.SSLSocket):
         if remaining <= 0:
             raise self._too_slow(what)
         super().settimeout(remaining if self._requested is None else min(self._requested, remaining))
+
+    def give_up(self, what: str) -> ClientTooSlowError:
+        """Abandon this connection because ``what`` (``request``, ``TLS handshake``) did not arrive in time: logs
+        it, makes later reads return end-of-file (nothing to drain on close) and returns the error."""
+        return self._too_slow(what)
 
     def _too_slow(self, what: str) -> ClientTooSlowError:
         error = ClientTooSlowError(what, self.read_timeout)
@@ -264,6 +274,16 @@ class GuardApplication(BaseApplication):  # type: ignore[misc]
         return app
 
 
+def whole_request_worker(settings: Settings) -> str:
+    """The worker class (:class:`webhook.wholerequest.WholeRequestWorker`, gunicorn's gthread worker reading each
+    request whole before a thread serves it), with this server's limits; called in the master before the fork."""
+    from webhook.wholerequest import WholeRequestWorker  # noqa: PLC0415 - only where gunicorn serves
+
+    WholeRequestWorker.read_timeout = client_read_timeout()
+    WholeRequestWorker.max_request_bytes = settings.max_body_bytes
+    return "webhook.wholerequest.WholeRequestWorker"
+
+
 def gunicorn_options(settings: Settings, cert_file: Path, key_file: Path, ssl_hook: Callable[..., Any],
                      metrics_hook: Callable[[Any], None]) -> dict[str, Any]:
     """gunicorn settings for the webhook (see the module docstring for why each is set)."""
@@ -277,7 +297,7 @@ def gunicorn_options(settings: Settings, cert_file: Path, key_file: Path, ssl_ho
     return {
         "bind": [f"[{settings.host}]:{settings.port}" if ":" in settings.host else f"{settings.host}:{settings.port}"],
         "workers": settings.workers,
-        "worker_class": "gthread",
+        "worker_class": whole_request_worker(settings),
         "threads": settings.threads,
         # Connections that have sent nothing yet wait in the worker's poller and only hold a slot here (until
         # the keep-alive timeout): many of them must not stop a worker from accepting the apiserver's.
@@ -372,7 +392,3 @@ def start_metrics_server(port: int, cert_file: Path | None = None, collectors: I
     start_http_server(port, registry=registry)
     log.info("metrics on http://0.0.0.0:%d/metrics", port)
 
-
-def new_audit_lock() -> Any:
-    """A lock shared by the worker processes forked after this call (audit lines stay whole)."""
-    return multiprocessing.get_context("fork").Lock()

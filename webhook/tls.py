@@ -406,7 +406,11 @@ def ensure_dev_certs(
         if not paths.ca_bundle.exists():
             written += _write_bundle(paths, [ca_cert])
 
-    reason = "forced" if new_ca else _serving_cert_problem(paths, ca_cert, dns_names, ip_addresses, now)
+    if new_ca:
+        reason: str | None = ("a new CA was made, as --force asks" if force
+                              else "first run: no CA in the directory yet, so a new one was made")
+    else:
+        reason = _serving_cert_problem(paths, ca_cert, dns_names, ip_addresses, now)
     if reason is not None:
         logger.info("issuing serving certificate in %s: %s", paths.cert_dir, reason)
         key, cert = generate_serving_cert(ca_key, ca_cert, dns_names, ip_addresses, valid_days, now=now)

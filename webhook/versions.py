@@ -21,9 +21,21 @@ class VersionError(ValueError):
     """A version string that does not parse as a (Kubernetes-style) semantic version."""
 
 
-@functools.lru_cache(maxsize=1024)
+MAX_VERSION_LENGTH = 128
+"""Characters a version string may have (``v1.34.2-eks-1a2b3c`` has 18): a longer one is not a version, and
+the remembered results below must not keep request-sized strings (bounded in count *and* bytes)."""
+
+
 def parse_version(text: str) -> semver.Version:
-    """Parse ``text`` into a :class:`semver.Version`; raises :class:`VersionError` when it cannot."""
+    """Parse ``text`` into a :class:`semver.Version`; raises :class:`VersionError` when it cannot (also for
+    more than :data:`MAX_VERSION_LENGTH` characters)."""
+    if len(text) > MAX_VERSION_LENGTH:
+        raise VersionError(f"not a semantic version: longer than {MAX_VERSION_LENGTH} characters")
+    return _parse_version(text)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_version(text: str) -> semver.Version:
     raw = text.strip()
     if raw[:1] in ("v", "V"):
         raw = raw[1:]
@@ -45,12 +57,18 @@ def is_prerelease_tag(prerelease: str) -> bool:
     return first.startswith(PRERELEASE_TAGS)
 
 
-@functools.lru_cache(maxsize=4096)
 def compare_versions(a: str, b: str) -> int:
     """-1, 0 or 1 as ``a`` is older than, equal to or newer than ``b``; raises :class:`VersionError`.
 
     Remembered per pair (a cluster runs a handful of driver versions; every review compares them again).
     """
+    if len(a) > MAX_VERSION_LENGTH or len(b) > MAX_VERSION_LENGTH:
+        raise VersionError(f"not a semantic version: longer than {MAX_VERSION_LENGTH} characters")
+    return _compare_versions(a, b)
+
+
+@functools.lru_cache(maxsize=4096)
+def _compare_versions(a: str, b: str) -> int:
     return parse_version(a).compare(parse_version(b))
 
 

@@ -17,6 +17,7 @@ from webhook.auditlog import (
     MissingDependencyError,
     ReadStats,
     RecordFilter,
+    UnsupportedFormatError,
     build_timeline,
     off_scale_counts,
     parse_when,
@@ -80,11 +81,26 @@ def _build_filter(kwargs: dict[str, Any]) -> RecordFilter:
     )
 
 
+class UsageProblem(click.ClickException):
+    """Unusable input or output (a log with no record in it, a picture format there is none of): exit code 2."""
+
+    exit_code = 2
+
+
 def _report_skipped(stats: ReadStats) -> None:
     if stats.skipped:
         click.echo(f"audit: {stats.skipped} line(s) skipped (not csinode-guard audit records)", err=True)
         for p in stats.problems[:5]:
             click.echo(f"  {p}", err=True)
+
+
+def _exit_when_nothing_was_readable(stats: ReadStats) -> None:
+    """Exit 2 when the files held no record at all and some lines were not records (as ``replay`` does): the
+    wrong file, not an empty result."""
+    if stats.skipped and not stats.records:
+        click.echo(f"audit: no csinode-guard audit record could be read, and {stats.skipped} line(s) were not "
+                   "records: is this the guard's --audit-log (JSON lines)?", err=True)
+        sys.exit(2)
 
 
 def _counts(c: dict[str, Any]) -> str:
@@ -128,7 +144,9 @@ def _summary_text(s: AuditSummary, stats: ReadStats) -> list[str]:
 @_filters
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
 def summary_command(fmt: str, logs: tuple[Path, ...], no_rotated: bool, **kwargs: Any) -> None:
-    """Counts by endpoint and decision, violations by rule, top nodes, drivers and writers, policy generations."""
+    """Counts by endpoint and decision, violations by rule, top nodes, drivers and writers, policy generations.
+
+    Exit code 2 when the files held no audit record at all but other lines (the wrong file)."""
     stats = ReadStats()
     flt = _build_filter(kwargs)
     result = summarize(query(read_records(list(logs), stats, rotated=not no_rotated), flt))
@@ -140,6 +158,7 @@ def summary_command(fmt: str, logs: tuple[Path, ...], no_rotated: bool, **kwargs
     else:
         click.echo("\n".join(_summary_text(result, stats)))
     _report_skipped(stats)
+    _exit_when_nothing_was_readable(stats)
 
 
 def _row(r: LogRecord) -> str:
@@ -157,7 +176,8 @@ def _row(r: LogRecord) -> str:
               help="table: one line per record; json: the matching records as JSON lines.")
 @click.option("--limit", type=click.IntRange(min=1), help="Stop after this many records.")
 def query_command(fmt: str, limit: int | None, logs: tuple[Path, ...], no_rotated: bool, **kwargs: Any) -> None:
-    """Print the records that match the filters, oldest first. Exit code 1 when none match."""
+    """Print the records that match the filters, oldest first. Exit code 1 when none match, 2 when the files
+    held no audit record at all but other lines (the wrong file)."""
     stats = ReadStats()
     flt = _build_filter(kwargs)
     if fmt == "table":
@@ -168,6 +188,7 @@ def query_command(fmt: str, limit: int | None, logs: tuple[Path, ...], no_rotate
         n += 1
         click.echo(json.dumps(r.data, separators=(",", ":")) if fmt == "json" else _row(r))
     _report_skipped(stats)
+    _exit_when_nothing_was_readable(stats)
     if n == 0:
         click.echo("audit: no matching records", err=True)
         sys.exit(1)
@@ -201,6 +222,8 @@ def timeline_command(logs: tuple[Path, ...], node: str, driver: str, output: Pat
         render_timeline(points, node, driver, output)
     except MissingDependencyError as exc:
         raise click.ClickException(str(exc)) from None
+    except UnsupportedFormatError as exc:
+        raise UsageProblem(str(exc)) from None
     counts: dict[str, int] = {}
     for p in points:
         counts[p.decision] = counts.get(p.decision, 0) + 1

@@ -79,7 +79,12 @@ def evaluate_command(review_file: BinaryIO, policy: Path | None, now_text: str |
     cluster: ClusterView = UnknownClusterView()
     if cluster_facts is not None:
         try:
-            cluster = view_from_facts(load_yaml(cluster_facts.read_text()))
+            cluster = view_from_facts(load_yaml(cluster_facts.read_text("utf-8")))
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{cluster_facts}: not UTF-8 text (byte {exc.start}); cluster facts are YAML or JSON"
+                             ) from None
+        except OSError as exc:
+            raise InputError(f"{cluster_facts}: cannot read: {exc.strerror or exc}") from None
         except (FactsError, yaml.YAMLError) as exc:
             raise InputError(f"{cluster_facts}: {exc}") from None
     keys, key_source = _keys(state_key_file)

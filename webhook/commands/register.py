@@ -21,9 +21,11 @@ from cryptography import x509
 from webhook import kubeapi
 from webhook.registration import (
     CONFIGURATION_NAME,
+    MUTATE_PATH,
     SERVICE_NAME,
     SERVICE_NAMESPACE,
     SERVICE_PORT,
+    VALIDATE_PATH,
     WebhookTarget,
     build_webhook_configurations,
     dump_yaml,
@@ -118,6 +120,22 @@ def _validate_url(url: str) -> str:
             "clientConfig.url)",
             param_hint="--url",
         )
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        port_text = parts.netloc.rpartition(":")[2]
+        raise click.BadParameter(f"port {port_text} is not a TCP port (1-65535)", param_hint="--url")
+    path = parts.path.rstrip("/")
+    for endpoint in (MUTATE_PATH, VALIDATE_PATH):
+        if path.endswith(endpoint):
+            raise click.BadParameter(
+                f"the path already ends in {endpoint}, but {MUTATE_PATH} and {VALIDATE_PATH} are appended to it "
+                f"(this URL would call {path}{MUTATE_PATH}): give the guard's base URL, e.g. "
+                f"https://{parts.netloc}{path[: -len(endpoint)]}",
+                param_hint="--url",
+            )
     return url
 
 

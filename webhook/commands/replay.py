@@ -138,6 +138,9 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
     if cluster_facts is not None:
         try:
             facts = view_from_facts(load_yaml(cluster_facts.read_text("utf-8")))
+        except UnicodeDecodeError as exc:
+            raise click.ClickException(f"{cluster_facts}: not UTF-8 text (byte {exc.start}); cluster facts are "
+                                       "YAML or JSON") from None
         except (FactsError, yaml.YAMLError, OSError) as exc:
             raise click.ClickException(f"{cluster_facts}: {exc}") from None
     show_bar = sys.stderr.isatty() if progress is None else progress

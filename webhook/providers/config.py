@@ -47,8 +47,8 @@ class ClusterCaches(Protocol):
         """Replace the policy's ``pod`` version sources (policy hot reload)."""
         ...
 
-    def observe_headroom(self, driver: str, allocatable: int | None, node: str) -> int | None:
-        """Record allocatable minus attached volumes for (node, driver) in the headroom histogram."""
+    def observe_headroom(self, driver: str, allocatable: int | None, node: str, label: str | None = None) -> int | None:
+        """Record allocatable minus attached volumes for (node, driver) in the headroom histogram (``label``)."""
         ...
 
     def status(self) -> dict[str, dict[str, Any]]:
@@ -84,7 +84,7 @@ class OfflineCaches:
     def set_pod_sources(self, sources: Sequence[PodVersionSource]) -> None:
         """Ignored."""
 
-    def observe_headroom(self, driver: str, allocatable: int | None, node: str) -> int | None:
+    def observe_headroom(self, driver: str, allocatable: int | None, node: str, label: str | None = None) -> int | None:
         """Unknown: nothing recorded."""
         return None
 

@@ -328,17 +328,22 @@ class KubernetesClusterView:
 
     # --- metrics ----------------------------------------------------------------------------------------------
 
-    def observe_headroom(self, driver: str, allocatable: int | None, node: str) -> int | None:
+    def has_csidriver(self, driver: str) -> bool:
+        """True when the CSIDriver cache holds an object named ``driver`` (False when unknown)."""
+        return self._get(self.csidrivers, driver) is not None
+
+    def observe_headroom(self, driver: str, allocatable: int | None, node: str, label: str | None = None) -> int | None:
         """Record ``allocatable`` (a CSINode ``allocatable.count``) minus the attached volumes of (node, driver) in
-        the ``csinode_guard_attach_headroom_volumes`` histogram (labelled by driver only) and return it; None
-        (nothing recorded) when the count is unbounded or the attachments are unknown."""
+        the ``csinode_guard_attach_headroom_volumes`` histogram (labelled by driver only: ``label``, default the
+        driver's name) and return it; None (nothing recorded) when the count is unbounded or the attachments are
+        unknown."""
         if allocatable is None:
             return None
         attached = self.attached_volumes(node, driver)
         if attached is None:
             return None
         headroom = allocatable - attached
-        metrics.HEADROOM.labels(driver).observe(headroom)
+        metrics.HEADROOM.labels(label or driver).observe(headroom)
         return headroom
 
     def _run_monitor(self) -> None:

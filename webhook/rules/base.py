@@ -29,8 +29,8 @@ class RuleContext(NamedTuple):
     """Facts for judging one :class:`CountChange` at ``now`` (UTC), an immutable named tuple.
 
     ``entry`` is the verified state of the entry (None = judged as new); ``approvals`` are the recorded
-    justifications (including any recorded by this very request); ``driver_version`` is the version of the
-    driver on the node from the policy's source (None = unknown); ``node_labels`` None = unknown;
+    justifications for this change's driver (including any recorded by this very request); ``driver_version``
+    is the version of the driver on the node from the policy's source (None = unknown); ``node_labels`` None = unknown;
     ``attach_errors`` are recent errors for (node, driver) (None = unknown); ``update_period`` is the CSIDriver's
     ``nodeAllocatableUpdatePeriodSeconds`` (None = unset or unknown). ``resolved_ceiling`` is the driver's
     ceiling for the node when the caller resolved it already (the evaluation does, once per change).
