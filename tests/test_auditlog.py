@@ -355,7 +355,7 @@ def test_on_replay_output_the_stored_count_never_steps_at_a_denial(tmp_path: Pat
                               capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
     assert replayed.returncode == 0, replayed.stderr
     rows = [(e["old"], e["new"], e["decision"]) for e in json.loads(replayed.stdout)["events"]]
-    assert rows == [(10, 4, "allow"), (20, 30, "deny"), (20, 35, "deny")]
+    assert rows == [("registered", 10, "allow"), (10, 4, "allow"), (20, 30, "deny"), (20, 35, "deny")]
     out = tmp_path / "timeline.png"
     result = cli("timeline", str(guard_log), "--node", node, "--driver", EBS, "--output", str(out))
     assert result.returncode == 0, result.stderr

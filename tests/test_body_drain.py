@@ -8,39 +8,21 @@ bound) before it answers and closes. A raw TLS socket client: everything first (
 from __future__ import annotations
 
 import json
-import socket
-import ssl
 from typing import Any
 
 import pytest
 
-from tests.conftest import SERVICE_DNS, RunningServer
+from tests.conftest import RunningServer
+from tests.test_hardening_http import read_answer, tls_connection
 
 FOUR_MIB = 4 * 1024 * 1024
 
 
 def send_all_then_read(server: RunningServer, head: bytes, body: bytes) -> tuple[int, dict[str, str], bytes]:
     """Send ``head`` and ``body`` completely, then read one HTTP response: (status, headers, body)."""
-    context = ssl.create_default_context(cafile=str(server.cert_dir / "ca.crt"))
-    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as raw, context.wrap_socket(
-        raw, server_hostname=SERVICE_DNS
-    ) as conn:
+    with tls_connection(server) as conn:
         conn.sendall(head + body)
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = conn.recv(65536)
-            if not chunk:
-                raise ConnectionError(f"closed after {data!r}")
-            data += chunk
-        header_block, _, answer = data.partition(b"\r\n\r\n")
-        lines = header_block.decode("latin-1").split("\r\n")
-        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-        while len(answer) < int(headers.get("content-length", "0")):
-            chunk = conn.recv(65536)
-            if not chunk:
-                break
-            answer += chunk
-        return int(lines[0].split()[1]), headers, answer
+        return read_answer(conn, timeout=30)
 
 
 @pytest.mark.parametrize("path", ["/validate", "/mutate"])

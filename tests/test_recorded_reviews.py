@@ -15,7 +15,7 @@ import yaml
 from tests.conftest import REPO
 
 RECORDED = REPO / "tests" / "data" / "apiserver"
-TIME_INDEPENDENT = ("eni-25-to-23", "report-39", "unbounded")
+TIME_INDEPENDENT = ("register-25", "eni-25-to-23", "report-39", "unbounded")
 """Steps whose decision does not depend on when they are judged (the too-fast increase does: change-rate)."""
 
 
@@ -50,7 +50,12 @@ def test_the_recordings_show_kubelets_real_writes() -> None:
     assert drivers[-1]["allocatable"] == {"count": 23}
     unbounded = load("unbounded-mutate")["review"]["request"]["object"]["spec"]["drivers"][-1]
     assert "allocatable" not in unbounded  # max_volumes_per_node 0: kubelet drops allocatable
-    assert not list(RECORDED.glob("register-25-*.json")), "today a registration never reaches the guard"
+    # A registration reaches the guard (the never-refused entry): judged, and it starts the entry's state.
+    registration = load("register-25-mutate")
+    assert registration["review"]["request"]["oldObject"]["spec"]["drivers"][-1]["name"] == "efs.csi.aws.com"
+    assert registration["review"]["request"]["object"]["spec"]["drivers"][-1]["name"] == "ebs.csi.aws.com"
+    assert registration["answer"]["response"]["allowed"] is True
+    assert ("add", "/metadata/annotations/csinode-guard.io~1state") in patch_paths(registration["answer"])
     # The clamp back to the stored count leaves no count change: the validating webhook's matchConditions are
     # false for the final object, so the apiserver does not call it.
     assert not (RECORDED / "unbounded-validate.json").exists()

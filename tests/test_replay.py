@@ -33,9 +33,12 @@ from webhook.replay import Row, replay
 LOG = REPO / "tests" / "data" / "audit" / "kube-apiserver-audit.log"
 NODE = "ip-10-0-1-23.ec2.internal"
 EBS = "ebs.csi.aws.com"
+EFS = "efs.csi.aws.com"
 
 # time, old, new, final, decision, rules, writer of every judged change in LOG, in requestReceivedTimestamp order
 EXPECTED = [
+    # kubelet's CREATE of its CSINode with the EFS driver (no limit): judged through the never-refused entry
+    ("2026-11-30T02:00:01.001Z", "registered", "unbounded", "unbounded", "allow", [], f"system:node:{NODE}"),
     ("2026-11-30T02:00:02.101Z", "registered", 25, 25, "allow", [], f"system:node:{NODE}"),  # a registration
     ("2026-11-30T02:01:00.001Z", 25, 23, 23, "allow", [], f"system:node:{NODE}"),
     ("2026-11-30T02:02:11.001Z", 23, 20, 20, "allow", [], f"system:node:{NODE}"),
@@ -67,21 +70,23 @@ def test_replay_reports_what_the_guard_would_have_done_per_event_and_in_summary(
     doc = json.loads(result.stdout)
     assert rows_of(doc["events"]) == [tuple(e) for e in EXPECTED]
     assert {e["node"] for e in doc["events"]} == {NODE}
-    assert {e["driver"] for e in doc["events"]} == {EBS}
-    assert [e["dryRun"] for e in doc["events"]] == [False] * 6 + [True]
+    assert [e["driver"] for e in doc["events"]] == [EFS] + [EBS] * 7
+    assert [e["dryRun"] for e in doc["events"]] == [False] * 7 + [True]
     s = doc["summary"]
     assert s["lines"] == 17 and s["badLines"] == 2
     assert s["csinodeWrites"] == 10
-    assert s["notCalled"] == 1  # kubelet's create and its registration of ebs.csi.aws.com are judged now
-    assert s["judged"] == 7
+    assert s["notCalled"] == 0  # kubelet's create and its registration of ebs.csi.aws.com are judged now
+    assert s["judged"] == 8
     assert s["notJudgeable"] == {"metadataLevel": 1, "noPreviousVersion": 1, "failedInCluster": 0, "unreadable": 0}
     assert s["skipped"] == {"notAuditEvents": 0, "otherResources": 1, "otherStages": 1, "reads": 0}
-    assert s["byDecision"] == {"allow": 4, "deny": 3}
+    assert s["byDecision"] == {"allow": 5, "deny": 3}
     assert s["byRule"]["writer-identity"] == {"deny": 2}
     assert s["byRule"]["change-rate"] == {"deny": 1}
-    assert s["topNodes"] == [{"name": NODE, "changes": 7, "allow": 4, "deny": 3}]
+    assert s["topNodes"] == [{"name": NODE, "changes": 8, "allow": 5, "deny": 3}]
     assert s["changesPerMinute"]["peak"] == 2
-    assert s["changesPerMinute"]["busiest"][0] == {"minute": "2026-11-30T02:03", "changes": 2}
+    assert s["changesPerMinute"]["busiest"][:2] == [
+        {"minute": "2026-11-30T02:00", "changes": 2}, {"minute": "2026-11-30T02:03", "changes": 2}
+    ]
     assert s["order"] == {"reordered": 1, "late": 0}
     assert s["firstEvent"] == "2026-11-30T02:00:00.201Z"
     assert doc["summary"]["policy"]["hash"] == load_policy().hash
@@ -150,7 +155,7 @@ def test_the_cluster_facts_come_from_the_log() -> None:
     instance type's, and the 23 -> 20 decrease is a correction (hence count-rollback at 02:03:20)."""
     rows: list[Row] = []
     replay([LOG], load_policy(), rows.append)
-    deny = rows[4]
+    deny = rows[5]
     assert "count-rollback" in deny.rules
     assert "undoes the correction 23 -> 20" in deny.message
 
@@ -160,13 +165,13 @@ def test_table_format_streams_rows_then_the_summary() -> None:
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split()[:5] == ["TIME", "NODE", "DRIVER", "OLD", "->"]
-    row = lines[5]
+    row = lines[6]
     assert row.startswith(f"2026-11-30T02:03:20.001Z {NODE}")
     assert "21 -> 39" in row and " deny " in row and "count-ceiling,count-rollback,change-rate" in row
-    assert lines[7].endswith("kubernetes-admin (dry run)")
+    assert lines[8].endswith("kubernetes-admin (dry run)")
     assert "Summary" in lines
     text = result.stdout
-    assert "7 would reach the guard, 1 would not" in text
+    assert "8 would reach the guard, 0 would not" in text
     assert "1 at Metadata level (no objects)" in text
     assert "bad lines:    2" in text
     assert "changes per minute: peak 2" in text
@@ -198,7 +203,7 @@ def test_events_later_than_the_reorder_window_are_replayed_as_they_come_and_coun
     result = cli("--audit-log", str(LOG), "--format", "json", "--reorder-window", "0s")
     doc = json.loads(result.stdout)
     assert doc["summary"]["order"] == {"reordered": 1, "late": 1}
-    assert [e["time"][11:19] for e in doc["events"]][3:5] == ["02:03:20", "02:03:12"]  # after the registration
+    assert [e["time"][11:19] for e in doc["events"]][4:6] == ["02:03:20", "02:03:12"]  # after the registration
 
 
 def test_guard_audit_records_for_the_audit_commands(tmp_path: Path) -> None:
@@ -206,7 +211,7 @@ def test_guard_audit_records_for_the_audit_commands(tmp_path: Path) -> None:
     result = cli("--audit-log", str(LOG), "--guard-audit-out", str(out), "--format", "json")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert [r["endpoint"] for r in records].count("mutate") == 7  # the registration is judged too
+    assert [r["endpoint"] for r in records].count("mutate") == 8  # the CREATE and the registration are judged too
     denied = [r for r in records if r["decision"] == "deny"]
     assert [r["new"] for r in denied] == [39, 24, 128]
     assert denied[-1]["dryRun"] is True
@@ -290,7 +295,8 @@ def test_patch_events_at_request_level(tmp_path: Path, patch: Any) -> None:
         event("create", 0, request=csinode(20), response=csinode(20), code=201),
         event("patch", 90, level="Request", request=patch, user="system:serviceaccount:kube-system:tuner"),
     ])
-    (row,) = rows
+    created, row = rows  # kubelet's CREATE is judged too (a registration at 20)
+    assert (created.old, created.new, created.final, created.decision) == ("registered", 20, 20, "allow")
     assert (row.old, row.new, row.final, row.decision) == (20, 40, 20, "deny")
     assert row.rules[0] == "writer-identity"
 
@@ -304,7 +310,8 @@ def test_a_metadata_level_write_makes_the_next_event_unjudgeable_but_seeds_the_o
         event("update", 360, request=csinode(30), code=409),
     ])
     assert summary.metadata_level == 1 and summary.no_previous_version == 1 and summary.failed_in_cluster == 1
-    (row,) = rows
+    created, row = rows
+    assert (created.old, created.new, created.decision) == ("registered", 20, "allow")
     assert (row.old, row.new, row.final, row.decision) == (21, "unbounded", 21, "clamp")
 
 
@@ -317,7 +324,8 @@ def test_the_guard_state_carries_from_event_to_event(tmp_path: Path) -> None:
         event("update", 90, request=csinode(21), response=csinode(21)),
         event("update", 120, request=csinode(22), response=csinode(22)),
     ])
-    assert [(r.decision, r.rules) for r in rows] == [("allow", ()), ("deny", ("change-rate",))]
+    # The CREATE (judged, carrying no state of its own), the first increase, the second one too soon after it.
+    assert [(r.decision, r.rules) for r in rows] == [("allow", ()), ("allow", ()), ("deny", ("change-rate",))]
 
 
 def test_memory_stays_flat_as_the_log_grows(tmp_path: Path) -> None:

@@ -156,6 +156,7 @@ def build_records(
         record.update(
             driver=driver,
             change=change.change.kind.value,
+            registration=change.change.registration,
             old=_count(change.before),
             new=_count(change.change.new),
             final=_count(change.final) if decision.response.allowed else _count(change.before),

@@ -558,8 +558,14 @@ class Replayer:
                 self.states.pop(name, None)
             return
         if verb == "create":
-            self.summary.not_called += 1
+            # A CREATE reaches the guard (the never-refused entry): judged on the ceilings, without a state.
             created = response_obj if isinstance(response_obj, dict) else request_obj
+            if not isinstance(request_obj, dict):
+                self.summary.not_called += 1
+            elif not succeeded and code != 403:
+                self.summary.failed_in_cluster += 1
+            else:
+                self._judge(event, name, None, request_obj, verb, now, dry_run, persisted)
             if persisted and isinstance(created, dict):
                 self.objects[name] = created
                 self.states.pop(name, None)
@@ -595,15 +601,17 @@ class Replayer:
         if persisted:
             self.objects[name] = stored_after
 
-    def _judge(self, event: Mapping[str, Any], name: str, old: Mapping[str, Any], new: Mapping[str, Any],
+    def _judge(self, event: Mapping[str, Any], name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any],
                verb: str, now: datetime, dry_run: bool, persisted: bool) -> None:
+        """Judge one write through :func:`webhook.chain.admit_write`; ``old`` None is a CREATE (sent as the
+        client sent it: the state model applies to UPDATEs only, a CREATE carries no state of its own)."""
         user = event.get("impersonatedUser") or event.get("user") or {}
         username = str(user.get("username") or "")
         groups = [str(g) for g in user.get("groups") or ()]
         audit_id = str(event.get("auditID") or "")
         state = self.states.get(name)
-        old_in = _with_state(old, state)
-        new_in = _with_state(new, state)
+        old_in = _with_state(old, state) if old is not None else None
+        new_in = _with_state(new, state) if old is not None else copy.deepcopy(dict(new))
         outcome = admit_write(
             old_in,
             new_in,
@@ -614,7 +622,7 @@ class Replayer:
             uid=audit_id or f"replay-{self.summary.csinode_writes}",
             username=username,
             groups=groups,
-            operation="UPDATE",
+            operation="UPDATE" if old is not None else "CREATE",
             dry_run=dry_run,
             budget=self.budget,
         )

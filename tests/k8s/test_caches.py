@@ -8,6 +8,7 @@ decision shows it; the real write by kubelet's code follows and is read back fro
 from __future__ import annotations
 
 import json
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ def test_a_node_label_sets_the_ceiling_and_a_relabel_moves_it(
     node = unique("label")
     cp.create_node(node, labels={INSTANCE_TYPE: "c5d.24xlarge"})  # the EBS profile: 23
     cp.kubelet(node, "install", "--driver", EBS, "--node-id", "i-1", "--max-volumes", "20")
+    # The registration is judged (never refused) and its accepted count starts change-rate's interval.
+    time.sleep(2.1)
 
     cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "39")
     assert counts(cp.get_csinode(node)) == {EBS: 23}

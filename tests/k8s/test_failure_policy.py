@@ -2,23 +2,24 @@
 ``failurePolicy: Fail`` and ``timeoutSeconds: 5`` do to the others (measured), and ``unregister`` as the
 emergency switch.
 
-Measured here (2026-12-01, 2 busy CPUs; the tests print their times with ``-s``): a registration plus a removal
-take 0.3-0.5 s whether the guard is up, stopped or hung (the apiserver never calls it for them); with the guard
-stopped, kubelet's count update is refused after 0.4 s (connection refused, failurePolicy Fail); with it hung,
-one PUT is refused after 5.2 s (timeoutSeconds 5) and kubelet's update gives up after 20.5 s and 4 tries.
-
-The tests named ``test_today_...`` pin today's registration behaviour (a driver registration or removal never
-reaches the guard: rules and matchConditions); the registration work changes what reaches it and updates them.
+Measured here (2026-12-01, 2 busy CPUs; the tests print their times with ``-s``): a registration and a removal
+reach the guard only through the ``failurePolicy: Ignore`` entries, so both succeed whether the guard is up
+(judged: 39 clamped to 27), stopped (failed open) or hung (failed open after ``timeoutSeconds`` for the mutating
+and again for the validating call of each write); with the guard stopped, kubelet's count increase (the ``Fail``
+entry) is refused at once (connection refused); with it hung, one PUT is refused after 5.2 s (timeoutSeconds 5)
+and kubelet's update gives up after its tries of ~5 s each.
 """
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.k8s.controlplane import ControlPlane, Guard, counts, csinode_writes, unique, wait_until
+from tests.k8s.controlplane import ControlPlane, Guard, counts, csinode_writes, fast_policy, unique, wait_until
 
 EBS = "ebs.csi.aws.com"
 EFS = "efs.csi.aws.com"
@@ -32,37 +33,63 @@ def set_state(guard: Guard, state: str) -> None:
         guard.pause()
 
 
-def webhook_annotations(event: dict[str, Any]) -> dict[str, str]:
-    return {k: v for k, v in (event.get("annotations") or {}).items() if "webhook.admission.k8s.io" in k
-            or k.startswith(("mutate.csinode-guard.io/", "validate.csinode-guard.io/"))}
+def webhook_calls(event: dict[str, Any]) -> list[tuple[str, str]]:
+    """The apiserver's audit annotations of an event as (what, webhook entry): ``called``/``mutated`` for a
+    mutating call, ``failed-open`` for a call that failed under ``failurePolicy: Ignore``."""
+    out = []
+    for key, value in (event.get("annotations") or {}).items():
+        if key.startswith("failed-open."):
+            out.append(("failed-open", value))
+        elif key.startswith("mutation.webhook.admission.k8s.io/"):
+            call = json.loads(value)
+            out.append(("mutated" if call["mutated"] else "called", call["webhook"]))
+    return sorted(out)
+
+
+MUTATE_IGNORE = "mutate-never-refused.csinode-guard.io"
+VALIDATE_IGNORE = "validate-never-refused.csinode-guard.io"
 
 
 @pytest.mark.parametrize("state", ["up", "stopped", "hanging"])
-def test_today_registration_and_removal_succeed_whatever_the_guard_state(
+def test_registration_and_removal_succeed_whatever_the_guard_state(
     control_plane: ControlPlane, guard: Guard, state: str
 ) -> None:
     cp = control_plane
     node = unique(f"reg-{state}")
-    cp.create_node(node)
+    cp.create_node(node, labels={"node.kubernetes.io/instance-type": "m6i.large"})  # the EBS profile: 27
     cp.kubelet(node, "install", "--driver", EFS, "--node-id", "fs-1")  # an unbounded driver already there
+    before = len([r for r in guard.decisions() if r.get("node") == node])
     set_state(guard, state)
 
     started = time.monotonic()
-    cp.kubelet(node, "install", "--driver", EBS, "--node-id", "i-1", "--max-volumes", "25")
-    assert counts(cp.get_csinode(node)) == {EFS: None, EBS: 25}
+    cp.kubelet(node, "install", "--driver", EBS, "--node-id", "i-1", "--max-volumes", "39")
+    # Up, the guard judges the registration (never refused) and clamps it; down, it goes through unjudged.
+    assert counts(cp.get_csinode(node)) == {EFS: None, EBS: 27 if state == "up" else 39}
     cp.kubelet(node, "uninstall", "--driver", EBS)
     assert counts(cp.get_csinode(node)) == {EFS: None}
     elapsed = time.monotonic() - started
     print(f"guard {state}: install + uninstall in {elapsed:.2f}s")
 
-    # The apiserver never called the guard for them (no webhook annotation in its audit events), so neither a
-    # stopped nor a hung guard could fail or delay them.
+    # Both reach the guard through the failurePolicy Ignore entries only: a stopped or hung guard fails open.
     events = wait_until(lambda: [e for e in cp.audit_events(csinode_writes(node)) if e["verb"] == "update"][-2:],
                         what="both writes audited")
     assert len(events) == 2
     assert [e["responseStatus"]["code"] for e in events] == [200, 200]
-    assert [webhook_annotations(e) for e in events] == [{}, {}]
-    assert [r for r in guard.decisions() if r.get("node") == node] == []
+    calls = [webhook_calls(e) for e in events]
+    if state == "up":
+        assert calls[0] == [("mutated", MUTATE_IGNORE)]
+        assert calls[1] in ([("called", MUTATE_IGNORE)], [("mutated", MUTATE_IGNORE)])
+        judged = [r for r in guard.decisions() if r.get("node") == node][before:]
+        registration = [r for r in judged if r["endpoint"] == "mutate" and r.get("new") == 39]
+        assert [(r["driver"], r["final"], r["decision"], r["allowed"]) for r in registration] == [
+            (EBS, 27, "clamp", True)
+        ]
+    else:
+        failed_open = [("called", MUTATE_IGNORE), ("failed-open", MUTATE_IGNORE), ("failed-open", VALIDATE_IGNORE)]
+        assert calls == [failed_open, failed_open]
+        assert [r for r in guard.decisions() if r.get("node") == node][before:] == []
+    if state == "hanging":  # timeoutSeconds for the mutating and again for the validating call of each write
+        assert elapsed >= 4 * (TIMEOUT_SECONDS - 0.2)
 
 
 def test_a_count_change_with_the_guard_stopped_is_refused_at_once_until_unregister(
@@ -74,8 +101,9 @@ def test_a_count_change_with_the_guard_stopped_is_refused_at_once_until_unregist
     cp.kubelet(node, "install", "--driver", EBS, "--node-id", "i-1", "--max-volumes", "25")
     guard.stop()
 
+    # An increase goes to the failurePolicy Fail entry (a decrease would go to the Ignore one and succeed).
     started = time.monotonic()
-    refused = cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "23", check=False)
+    refused = cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "27", check=False)
     elapsed = time.monotonic() - started
     print(f"guard stopped: kubelet's update refused after {elapsed:.2f}s")
     assert refused.returncode == 1
@@ -83,12 +111,13 @@ def test_a_count_change_with_the_guard_stopped_is_refused_at_once_until_unregist
     assert "connection refused" in refused.stderr
     assert counts(cp.get_csinode(node)) == {EBS: 25}
 
-    # The emergency switch: afterwards the change succeeds, unjudged.
+    # The emergency switch: afterwards the change succeeds, unjudged; the state keeps the registration's 25.
     guard.unregister()
-    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "23")
+    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "27")
     stored = cp.get_csinode(node)
-    assert counts(stored) == {EBS: 23}
-    assert "csinode-guard.io/state" not in (stored["metadata"].get("annotations") or {})
+    assert counts(stored) == {EBS: 27}
+    assert json.loads(stored["metadata"]["annotations"]["csinode-guard.io/state"])["drivers"][EBS]["count"] == 25
+    before = len([r for r in guard.decisions() if r.get("node") == node])
 
     # Started again on the same port and registered again, it judges the next change.
     port = guard.port
@@ -97,13 +126,17 @@ def test_a_count_change_with_the_guard_stopped_is_refused_at_once_until_unregist
     assert guard.port == port
     cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "22")
     assert counts(cp.get_csinode(node)) == {EBS: 22}
-    assert [(r["old"], r["new"]) for r in guard.decisions() if r.get("node") == node] == [(23, 22), (23, 22)]
+    judged = [r for r in guard.decisions() if r.get("node") == node][before:]
+    assert [(r["endpoint"], r["old"], r["new"], r["allowed"]) for r in judged] == [
+        ("mutate", 27, 22, True), ("validate", 27, 22, True)]
 
 
 def test_a_count_change_with_the_guard_hanging_waits_timeout_seconds_then_is_refused(
-    control_plane: ControlPlane, guard: Guard
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
 ) -> None:
     cp = control_plane
+    # change-rate at 2s: the registration's accepted count starts its interval, the resumed increase follows
+    guard: Guard = guard_factory(fast_policy(tmp_path / "policy.yaml"))
     node = unique("hanging")
     cp.create_node(node)
     cp.kubelet(node, "install", "--driver", EBS, "--node-id", "i-1", "--max-volumes", "25")
@@ -111,7 +144,7 @@ def test_a_count_change_with_the_guard_hanging_waits_timeout_seconds_then_is_ref
 
     # One PUT by the node: the apiserver waits timeoutSeconds for the mutating webhook, then fails it (Fail).
     started = time.monotonic()
-    put = cp.replace_count(node, EBS, 23, check=False)
+    put = cp.replace_count(node, EBS, 27, check=False)  # an increase: the failurePolicy Fail entry
     one_put = time.monotonic() - started
     print(f"guard hanging: one PUT refused after {one_put:.2f}s")
     assert put.returncode != 0
@@ -122,7 +155,7 @@ def test_a_count_change_with_the_guard_hanging_waits_timeout_seconds_then_is_ref
     # kubelet's code: each of its tries waits the timeout, then it gives up.
     before = len(cp.audit_events(csinode_writes(node)))
     started = time.monotonic()
-    refused = cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "23", check=False)
+    refused = cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "27", check=False)
     kubelet_elapsed = time.monotonic() - started
     assert refused.returncode == 1
     assert 'failed calling webhook "mutate.csinode-guard.io"' in refused.stderr
@@ -135,5 +168,5 @@ def test_a_count_change_with_the_guard_hanging_waits_timeout_seconds_then_is_ref
 
     # Resumed, the guard judges the same change again.
     guard.resume()
-    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "23")
-    assert counts(cp.get_csinode(node)) == {EBS: 23}
+    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "27")
+    assert counts(cp.get_csinode(node)) == {EBS: 27}

@@ -56,6 +56,12 @@ def test_restore_puts_back_the_trusted_count_after_an_unjudged_increase(
     assert state["drivers"][EBS]["count"] == 23
     assert state["approvals"][0]["approvedBy"] == "alice@example.com"
     judged = [r for r in guard.decisions() if r.get("node") == node and r["endpoint"] == "mutate"]
-    assert (judged[-1]["user"], judged[-1]["old"], judged[-1]["new"], judged[-1]["allowed"]) == (
-        "alice@example.com", 39, 23, True
+    # Reconciled: the unjudged 39 counts for nothing, so the restore is judged from the trusted 23 to 23 (no
+    # change to judge), and the record says why.
+    last = judged[-1]
+    assert (last["user"], last["dryRun"], last["allowed"], last["decision"], last["driver"]) == (
+        "alice@example.com", False, True, "allow", None
     )
+    assert last["notes"] == [
+        f"{node}/{EBS}: the stored count 39 is above the last count csinode-guard accepted (23): judged from 23"
+    ]
