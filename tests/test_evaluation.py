@@ -65,6 +65,7 @@ OTHER_KUBELET = "system:node:ip-10-0-9-9.ec2.internal"
 APPROVER = ("alice", ["csinode-guard:approvers", "system:authenticated"])
 BREAK_GLASS = ("sre-oncall", ["csinode-guard:break-glass", "system:authenticated"])
 STRANGER = ("bob", ["system:authenticated"])
+WRITER = ("count-operator", ["system:authenticated"])  # under spec.writers in WRITER_POLICY
 WHERE = f"{NODE}/{EBS}"
 
 POD_SOURCE = {
@@ -116,6 +117,7 @@ def make_policy(**spec: Any) -> Policy:
 
 
 POLICY = make_policy()
+WRITER_POLICY = make_policy(writers={"users": [WRITER[0]]})
 
 
 # -- objects -------------------------------------------------------------------------------------------------------
@@ -1023,11 +1025,15 @@ def test_a_dry_run_request_gets_the_budget_decision_without_taking_from_it() -> 
     assert judge(old, put, dry_run=True, budget=budget, budget_clock=0).body["allowed"] is True
     assert budget.available(0) == 1
     assert judge(old, put, budget=budget, budget_clock=0).body["allowed"] is True
-    dry = judge(old, put, dry_run=True, budget=budget, budget_clock=0)
-    real = judge(old, put, budget=budget, budget_clock=0)
+    dry = judge(old, put, dry_run=True, policy=WRITER_POLICY, user=WRITER, budget=budget, budget_clock=0)
+    real = judge(old, put, policy=WRITER_POLICY, user=WRITER, budget=budget, budget_clock=0)
 
     assert dry.body == real.body
     assert real.body["allowed"] is False
+    dry_held = judge(old, put, dry_run=True, budget=budget, budget_clock=0)
+    real_held = judge(old, put, budget=budget, budget_clock=0)
+    assert dry_held.body == real_held.body
+    assert [c.final for c in real_held.decision.changes] == [25], "the node's kubelet's is held at the stored count"
 
 
 # -- justifications ------------------------------------------------------------------------------------------------
@@ -1326,20 +1332,24 @@ def test_no_capacity_warning_otherwise(new: int, cluster: StaticClusterView) -> 
 
 
 def test_an_exhausted_budget_denies_increases_until_it_refills() -> None:
+    """A listed writer's increase is refused while the budget is used up; the node's kubelet's is held at the
+    stored count (a change-rate deny acts as clamp for it)."""
     budget = IncreaseBudget(rate=1, burst=1)
     old = stored(25)
     put = kubelet_update(old, EBS, 26)
+    used_up = "the cluster-wide increase budget (1/s, burst 1) is used up"
+    how = "kubelet retries at its next update period; many nodes raising counts at once is worth a look"
 
     assert judge(old, put, budget=budget, budget_clock=100.0).body["allowed"] is True
-    judged = judge(old, put, budget=budget, budget_clock=100.2)
+    judged = judge(old, put, policy=WRITER_POLICY, user=WRITER, budget=budget, budget_clock=100.2)
+    held = judge(old, put, budget=budget, budget_clock=100.2)
 
-    assert judged.lines == [
-        message_line(
-            "change-rate", 25, 26, "the cluster-wide increase budget (1/s, burst 1) is used up",
-            "kubelet retries at its next update period; many nodes raising counts at once is worth a look",
-        )
-    ]
+    assert judged.lines == [message_line("change-rate", 25, 26, used_up, how)]
+    assert held.body["allowed"] is True
+    assert held.body["warnings"][0] == clamp_line("change-rate", 25, 26, 25, used_up, how)
+    assert [c.final for c in held.decision.changes] == [25]
     assert judge(old, put, budget=budget, budget_clock=101.2).body["allowed"] is True
+    assert budget.available(101.2) == 0, "the refilled token went to the write that passed"
 
 
 def test_decreases_validate_and_denied_requests_take_nothing_from_the_budget() -> None:
@@ -1349,7 +1359,11 @@ def test_decreases_validate_and_denied_requests_take_nothing_from_the_budget() -
 
     judge(old, kubelet_update(old, EBS, 20), budget=budget, budget_clock=0)
     judge(old, kubelet_update(old, EBS, 26), budget=budget, budget_clock=0, mode=Mode.VALIDATE)
-    assert judge(recent, kubelet_update(recent, EBS, 26), budget=budget, budget_clock=0).body["allowed"] is False
+    denied = judge(recent, kubelet_update(recent, EBS, 26), policy=WRITER_POLICY, user=WRITER, budget=budget,
+                   budget_clock=0)
+    assert denied.body["allowed"] is False
+    held = judge(recent, kubelet_update(recent, EBS, 26), budget=budget, budget_clock=0)
+    assert [c.final for c in held.decision.changes] == [25], "the node's kubelet's too-fast increase is held"
 
     assert budget.available(0) == 1
 
@@ -1383,14 +1397,14 @@ def test_a_driver_rollback_freezes_increases_for_freeze_for() -> None:
     assert rollback.state.entries[EBS].writer_version == "v1.30.0"
 
     frozen = server.kubelet(24, 600)
-    assert frozen.lines == [
-        message_line(
-            "count-rollback", 23, 24,
-            "increases are frozen until 2026-11-30T08:00:00.000Z after a driver version rollback",
-            "wait for the freeze to end (rolling the driver forward does not lift it), or have an approver justify "
-            "the increase",
-        )
-    ]
+    line = clamp_line(
+        "count-rollback", 23, 24, 23,
+        "increases are frozen until 2026-11-30T08:00:00.000Z after a driver version rollback",
+        "wait for the freeze to end (rolling the driver forward does not lift it), or have an approver justify "
+        "the increase",
+    )
+    assert len(line) > 256 and frozen.body["warnings"][0] == line[:253] + "...", "a warning is cut at 256 characters"
+    assert [c.final for c in frozen.decision.changes] == [23], "the node's kubelet's increase is held while frozen"
     assert server.kubelet(20, 700).body["allowed"] is True
     assert server.kubelet(22, 6 * 3600).body["allowed"] is True
 
@@ -1423,46 +1437,51 @@ def test_a_justified_rollback_is_admitted_and_still_freezes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("policy", "cluster", "new", "allowed"),
+    ("drivers", "cluster", "new", "final"),
     [
-        pytest.param(make_policy(drivers={EBS: {"minVersion": "v1.38.0", "versionSource": ANNOTATION_SOURCE}}), None,
-                     signed(stored(25, state=None), declared_history("v1.37.0")), False,
+        pytest.param({EBS: {"minVersion": "v1.38.0", "versionSource": ANNOTATION_SOURCE}}, None,
+                     signed(stored(25, state=None), declared_history("v1.37.0")), 25,
                      id="a version a reporter declared is read from the state"),
-        pytest.param(make_policy(drivers={EBS: {"minVersion": "v1.38.0", "versionSource": ANNOTATION_SOURCE}}), None,
-                     None, True, id="the annotation the kubelet can write is not read"),
+        pytest.param({EBS: {"minVersion": "v1.38.0", "versionSource": ANNOTATION_SOURCE}}, None,
+                     None, 26, id="the annotation the kubelet can write is not read"),
         pytest.param(
-            make_policy(drivers={EBS: {"minVersion": "v1.35.0", "versionSource": {"type": "kubelet"}}}),
+            {EBS: {"minVersion": "v1.35.0", "versionSource": {"type": "kubelet"}}},
             StaticClusterView(nodes={NODE: {"labels": {}, "kubeletVersion": "v1.34.2-eks-1a2b3c"}}),
             None,
-            False,
+            25,
             id="the kubelet version source asks the cluster",
         ),
         pytest.param(
-            make_policy(
-                drivers={
-                    EBS: {
-                        "minVersion": "v1.35.0",
-                        "versionSource": {
-                            "type": "pod", "namespace": "kube-system",
-                            "selector": {"matchLabels": {"app": "ebs-csi-node"}}, "container": "ebs-plugin",
-                        },
-                    }
+            {
+                EBS: {
+                    "minVersion": "v1.35.0",
+                    "versionSource": {
+                        "type": "pod", "namespace": "kube-system",
+                        "selector": {"matchLabels": {"app": "ebs-csi-node"}}, "container": "ebs-plugin",
+                    },
                 }
-            ),
+            },
             StaticClusterView(driver_versions={NODE: {EBS: "v1.40.0"}}),
             None,
-            True,
+            26,
             id="the pod version source asks the cluster",
         ),
     ],
 )
 def test_the_driver_version_comes_from_the_configured_source(
-    policy: Policy, cluster: StaticClusterView | None, new: dict[str, Any] | None, allowed: bool
+    drivers: dict[str, Any], cluster: StaticClusterView | None, new: dict[str, Any] | None, final: int
 ) -> None:
+    """A below-minVersion driver's increase by the node's kubelet is held at the stored count (25); a driver at
+    or above it gets its 26. The same write from a listed writer is refused for the held cases."""
     old = new if new is not None else stored(25)
     put = kubelet_update(old, EBS, 26)
 
-    assert judge(old, put, policy=policy, cluster=cluster).body["allowed"] is allowed
+    judged = judge(old, put, policy=make_policy(drivers=drivers), cluster=cluster)
+    assert judged.body["allowed"] is True
+    assert [c.final for c in judged.decision.changes] == [final]
+    writer_policy = make_policy(drivers=drivers, writers={"users": [WRITER[0]]})
+    by_writer = judge(old, put, policy=writer_policy, cluster=cluster, user=WRITER)
+    assert by_writer.body["allowed"] is (final == 26)
 
 
 def test_change_rate_waits_for_the_drivers_update_period() -> None:
