@@ -36,7 +36,8 @@ PD = "pd.csi.storage.gke.io"
 
 
 def guard_log() -> list[dict[str, Any]]:
-    """Audit records of an incident on NODE (freeze, denials, a correction) plus a clamp elsewhere and a dry run."""
+    """Audit records of an incident on NODE (freeze, increases held at the stored count, a correction) plus a clamp
+    elsewhere and a denied dry run."""
     policy = load_policy()
     keys = StateKeys([b"k" * 32])
     cluster = StaticClusterView(nodes={GKE: {"labels": {"node.kubernetes.io/instance-type": "n2-standard-8"}}},
@@ -69,10 +70,10 @@ def guard_log() -> list[dict[str, Any]]:
     write(NODE, kubelet_update(stored[NODE], EBS, 24), 0)
     cluster.driver_versions[NODE] = {EBS: "v1.34.0"}  # the node plugin rolled back (pod version source)
     write(NODE, kubelet_update(stored[NODE], EBS, 22), 5)  # warn + freeze
-    write(NODE, kubelet_update(stored[NODE], EBS, 23), 10)  # deny: frozen
+    write(NODE, kubelet_update(stored[NODE], EBS, 23), 10)  # frozen: the node's kubelet's is held at 22 (clamp)
     cluster.attach_error_list[(NODE, EBS)] = [AttachError(8, T0 + timedelta(minutes=14), "csi-1")]
     write(NODE, kubelet_update(stored[NODE], EBS, 20), 15)  # correction
-    write(NODE, kubelet_update(stored[NODE], EBS, 39), 20)  # deny
+    write(NODE, kubelet_update(stored[NODE], EBS, 39), 20)  # undoes the correction: held at 20 (clamp)
     write(OTHER, kubelet_update(stored[OTHER], EBS, 39), 21,
           user=f"system:node:{OTHER}")  # clamp to 27
     write(GKE, kubelet_update(stored[GKE], PD, 30), 22, user=f"system:node:{GKE}")  # allow
@@ -116,8 +117,8 @@ def test_summary_over_rotated_and_gzipped_files(rotated: Path, records: list[dic
     assert s["records"] == len(records)
     assert [Path(f).name for f in s["files"]] == ["audit.log", "audit.log.1", "audit.log.2.gz"]
     assert s["skippedLines"] == 2
-    assert s["byEndpoint"]["mutate"] == {"allow": 3, "clamp": 1, "deny": 3, "warn": 1}
-    assert s["rules"]["count-rollback"] == {"deny": 3}
+    assert s["byEndpoint"]["mutate"] == {"allow": 3, "clamp": 3, "deny": 1, "warn": 1}
+    assert s["rules"]["count-rollback"] == {"clamp": 2, "deny": 1}
     assert s["rules"]["writer-version"] == {"warn": 1}
     assert s["frozen"] == 1
     assert s["corrections"] == {"resource-exhausted": 1}
@@ -133,7 +134,7 @@ def test_summary_text_and_no_rotated(rotated: Path, records: list[dict[str, Any]
     result = cli("summary", str(rotated))
     assert result.returncode == 0
     assert result.stdout.startswith(f"{len(records)} records from 2026-11-30T02:00:00.000Z to 2026-11-30T02:30:00")
-    assert "count-rollback        3  (deny 3)" in result.stdout
+    assert "count-rollback        3  (clamp 2, deny 1)" in result.stdout
     assert "freezes 1; corrections resource-exhausted 1" in result.stdout
     only_newest = json.loads(cli("summary", str(rotated), "--no-rotated", "--format", "json").stdout)
     assert 0 < only_newest["records"] < len(records) // 2
@@ -179,7 +180,7 @@ def test_query_filters(rotated: Path, records: list[dict[str, Any]], args: list[
 
 
 def test_query_command_combines_filters(rotated: Path) -> None:
-    result = cli("query", str(rotated), "--format", "json", "--decision", "deny", "--endpoint", "mutate",
+    result = cli("query", str(rotated), "--format", "json", "--decision", "clamp", "--endpoint", "mutate",
                  "--node", "ip-10-0-1-*", "--driver", EBS, "--rule", "count-rollback", "--no-dry-run",
                  "--since", "2026-11-30T02:09:00Z", "--until", "2026-11-30T02:25:00Z", "--user", "system:node:*")
     assert result.returncode == 0, result.stderr
@@ -193,8 +194,8 @@ def test_query_table_limit_and_no_match(rotated: Path) -> None:
     assert result.returncode == 0
     header, row = result.stdout.splitlines()
     assert header.split()[:3] == ["TIME", "ENDPOINT", "NODE"]
-    assert row.startswith("2026-11-30T02:21:00.000Z mutate   ip-10-0-4-17.ec2.internal")
-    assert "25 -> 39" in row and " 27 " in row and "count-ceiling" in row
+    assert row.startswith(f"2026-11-30T02:10:00.000Z mutate   {NODE}")
+    assert "22 -> 23" in row and " 22 " in row and "count-rollback" in row
     none = cli("query", str(rotated), "--node", "no-such-node")
     assert none.returncode == 1 and "no matching records" in none.stderr
 
@@ -204,7 +205,7 @@ def test_timeline_picture(rotated: Path, tmp_path: Path) -> None:
     result = cli("timeline", str(rotated), "--node", NODE, "--driver", EBS, "--output", str(out))
     assert result.returncode == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-    assert result.stdout.strip() == f"{out}: 6 writes (allow 2, deny 3, warn 1), 1 freeze(s)"
+    assert result.stdout.strip() == f"{out}: 6 writes (allow 2, clamp 2, deny 1, warn 1), 1 freeze(s)"
     missing = cli("timeline", str(rotated), "--node", "nope", "--driver", EBS, "--output", str(out))
     assert missing.returncode == 1 and "no records for node 'nope'" in missing.stderr
 

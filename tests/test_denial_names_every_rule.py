@@ -18,6 +18,7 @@ from tests.kube import EBS, apply_response, base_csinode, kubelet_update, review
 
 VERSIONS = "csinode-guard.io/driver-versions"
 REPORTER = "version-reporter"
+WRITER = "count-operator"  # a writer the policy lists: its denials stay denials (the node's kubelet's act as clamps)
 
 
 def policy_file(tmp_path: Path) -> Path:
@@ -25,6 +26,7 @@ def policy_file(tmp_path: Path) -> Path:
     doc["spec"]["drivers"][EBS] = {"ceiling": {"max": 27}, "minVersion": "v1.40.0",
                                    "versionSource": {"type": "annotation"}}
     doc["spec"]["versionReporters"] = {"users": [REPORTER]}
+    doc["spec"]["writers"] = {"users": [WRITER]}
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -42,7 +44,9 @@ def test_the_denial_of_an_outdated_driver_also_names_the_ceiling(server_factory:
     assert answer["response"]["allowed"] is True
     stored = apply_response(declared, answer)  # the declaration recorded in the signed state
 
-    answer = json.loads(server.post("/mutate", review(stored, kubelet_update(stored, EBS, 39))).data)["response"]
+    answer = json.loads(server.post("/mutate", review(stored, kubelet_update(stored, EBS, 39), user=WRITER)).data)[
+        "response"
+    ]
 
     assert answer["allowed"] is False and answer["status"]["code"] == 403
     message = answer["status"]["message"]
@@ -57,3 +61,10 @@ def test_the_denial_of_an_outdated_driver_also_names_the_ceiling(server_factory:
     assert ceiling.startswith(f"[count-ceiling] ip-10-0-1-23.ec2.internal/{EBS}: 25 -> 39")
     assert "27" in ceiling
     assert all(len(w) <= 256 and "\n" not in w for w in warnings)
+
+    # The same write by the node's own kubelet: the minVersion deny acts as a clamp to the stored count.
+    answer = json.loads(server.post("/mutate", review(stored, kubelet_update(stored, EBS, 39))).data)["response"]
+    assert answer["allowed"] is True
+    assert answer["auditAnnotations"]["decision"] == "clamp"
+    assert any(w.startswith(f"[writer-version] ip-10-0-1-23.ec2.internal/{EBS}: 25 -> 39 (clamped to 25)")
+               for w in answer["warnings"]), answer["warnings"]

@@ -87,10 +87,13 @@ def test_the_guard_judges_with_facts_from_its_watch_caches(
     assert entry["correction"]["basis"] == "resource-exhausted"
     assert entry["writerVersion"] == "v1.37.0"  # from the ebs-plugin image tag of the node's Running pod
 
-    # Going back up to the pre-correction count within the window needs a justification.
+    # Going back up to the pre-correction count within the window needs a justification: the node's kubelet's
+    # increase is held at the stored count.
     stored, answer = mutate_then_store(server, stored, kubelet_update(stored, EBS, 25))
-    assert answer["allowed"] is False
-    assert answer["status"]["message"].startswith(f"[count-rollback] ip-10-0-1-23.ec2.internal/{EBS}: 23 -> 25: ")
+    assert answer["allowed"] is True
+    assert answer["warnings"][0].startswith(
+        f"[count-rollback] ip-10-0-1-23.ec2.internal/{EBS}: 23 -> 25 (clamped to 23): ")
+    assert [d["allocatable"]["count"] for d in stored["spec"]["drivers"] if d["name"] == EBS] == [23]
 
     # The driver pod is rolled back to a version below minVersion: the watch brings it, increases are denied.
     pod = copy.deepcopy(apiserver.get("pods", "ebs-csi-node-7xk2p", "kube-system"))

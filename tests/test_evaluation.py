@@ -65,6 +65,7 @@ OTHER_KUBELET = "system:node:ip-10-0-9-9.ec2.internal"
 APPROVER = ("alice", ["csinode-guard:approvers", "system:authenticated"])
 BREAK_GLASS = ("sre-oncall", ["csinode-guard:break-glass", "system:authenticated"])
 STRANGER = ("bob", ["system:authenticated"])
+WRITER = ("count-operator", ["system:authenticated"])  # under spec.writers in WRITER_POLICY
 WHERE = f"{NODE}/{EBS}"
 
 POD_SOURCE = {
@@ -116,6 +117,7 @@ def make_policy(**spec: Any) -> Policy:
 
 
 POLICY = make_policy()
+WRITER_POLICY = make_policy(writers={"users": [WRITER[0]]})
 
 
 # -- objects -------------------------------------------------------------------------------------------------------
@@ -279,6 +281,15 @@ def running(version: str) -> StaticClusterView:
 
 def message_line(rule: str, old: int | str, new: int | str, why: str, how: str, where: str = WHERE) -> str:
     return f"[{rule}] {where}: {old} -> {new}: {why}; {how}"
+
+
+def clamp_line(rule: str, old: int | str, new: int | str, to: int | str, why: str, how: str,
+               where: str = WHERE) -> str:
+    """A clamp's warning line (as :func:`message_line`, with the count it was clamped to)."""
+    return f"[{rule}] {where}: {old} -> {new} (clamped to {to}): {why}; {how}"
+
+
+KUBELET_CLAMP = "deny acts as clamp for the node's kubelet (to the stored count"
 
 
 LINE = re.compile(
@@ -593,14 +604,29 @@ def test_every_deny_is_one_line_of_a_403_forbidden() -> None:
 def test_a_deny_wins_over_a_clamp_and_returns_no_patch() -> None:
     old = stored(25, state=history(25, ago=20))
 
-    judged = judge(old, kubelet_update(old, EBS, 39))
+    judged = judge(old, kubelet_update(old, EBS, 39), user=STRANGER)
 
     assert judged.body["allowed"] is False
     assert "patch" not in judged.body
     assert "patchType" not in judged.body
-    assert [parts(line)["rule"] for line in judged.lines] == ["change-rate"]
-    assert judged.body["auditAnnotations"]["rules"] == "count-ceiling,change-rate"
+    assert [parts(line)["rule"] for line in judged.lines] == ["writer-identity", "change-rate"]
+    assert judged.body["auditAnnotations"]["rules"] == "writer-identity,count-ceiling,change-rate"
     assert [(c.change.driver, c.final) for c in judged.decision.changes] == [(EBS, 25)]
+
+
+def test_for_the_nodes_kubelet_a_deny_acts_as_a_clamp_to_the_stored_count() -> None:
+    old = stored(25, state=history(25, ago=20))
+
+    judged = judge(old, kubelet_update(old, EBS, 39))
+
+    assert judged.body["allowed"] is True
+    assert judged.decision.decision is Decision.CLAMP
+    assert judged.body["auditAnnotations"] == {"decision": "clamp", "policy": judged.body["auditAnnotations"]["policy"],
+                                               "rules": "count-ceiling,change-rate"}
+    assert [(c.change.driver, c.final) for c in judged.decision.changes] == [(EBS, 25)]
+    rate = [o for o in judged.decision.outcomes if o.rule == "change-rate"]
+    assert [(o.enforcement, o.effective) for o in rate] == [(EnforcementAction.DENY, EnforcementAction.CLAMP)]
+    assert f"{WHERE}: change-rate {KUBELET_CLAMP} 25; kubelet's write succeeds)" in judged.body["warnings"]
 
 
 def test_denies_of_several_drivers_are_one_line_each() -> None:
@@ -999,11 +1025,15 @@ def test_a_dry_run_request_gets_the_budget_decision_without_taking_from_it() -> 
     assert judge(old, put, dry_run=True, budget=budget, budget_clock=0).body["allowed"] is True
     assert budget.available(0) == 1
     assert judge(old, put, budget=budget, budget_clock=0).body["allowed"] is True
-    dry = judge(old, put, dry_run=True, budget=budget, budget_clock=0)
-    real = judge(old, put, budget=budget, budget_clock=0)
+    dry = judge(old, put, dry_run=True, policy=WRITER_POLICY, user=WRITER, budget=budget, budget_clock=0)
+    real = judge(old, put, policy=WRITER_POLICY, user=WRITER, budget=budget, budget_clock=0)
 
     assert dry.body == real.body
     assert real.body["allowed"] is False
+    dry_held = judge(old, put, dry_run=True, budget=budget, budget_clock=0)
+    real_held = judge(old, put, budget=budget, budget_clock=0)
+    assert dry_held.body == real_held.body
+    assert [c.final for c in real_held.decision.changes] == [25], "the node's kubelet's is held at the stored count"
 
 
 # -- justifications ------------------------------------------------------------------------------------------------
@@ -1255,19 +1285,19 @@ def test_a_decrease_without_recent_resource_exhausted_evidence_is_no_correction(
     assert judged.state.entries[EBS].correction is None
 
 
-def test_an_increase_undoing_a_correction_within_the_window_is_denied() -> None:
+def test_an_increase_undoing_a_correction_within_the_window_is_held_at_the_stored_count() -> None:
     server = Apiserver(stored(25), cluster=attach_errors(8))
     server.kubelet(23, 0)
 
     judged = server.kubelet(25, 120)
 
-    assert judged.lines == [
-        message_line(
-            "count-rollback", 23, 25,
-            "back to 25 undoes the correction 25 -> 23 at 2026-11-30T02:00:00.000Z within 1h",
-            "have an approver justify the restore, or wait for the window to pass",
-        )
-    ]
+    assert judged.decision.decision is Decision.CLAMP
+    assert [c.final for c in judged.decision.changes] == [23]
+    assert judged.body["warnings"][0] == clamp_line(
+        "count-rollback", 23, 25, 23,
+        "back to 25 undoes the correction 25 -> 23 at 2026-11-30T02:00:00.000Z within 1h",
+        "have an approver justify the restore, or wait for the window to pass",
+    )
     assert server.kubelet(24, 180).body["allowed"] is True
     assert server.kubelet(25, 3601).body["allowed"] is True
 
@@ -1302,20 +1332,24 @@ def test_no_capacity_warning_otherwise(new: int, cluster: StaticClusterView) -> 
 
 
 def test_an_exhausted_budget_denies_increases_until_it_refills() -> None:
+    """A listed writer's increase is refused while the budget is used up; the node's kubelet's is held at the
+    stored count (a change-rate deny acts as clamp for it)."""
     budget = IncreaseBudget(rate=1, burst=1)
     old = stored(25)
     put = kubelet_update(old, EBS, 26)
+    used_up = "the cluster-wide increase budget (1/s, burst 1) is used up"
+    how = "kubelet retries at its next update period; many nodes raising counts at once is worth a look"
 
     assert judge(old, put, budget=budget, budget_clock=100.0).body["allowed"] is True
-    judged = judge(old, put, budget=budget, budget_clock=100.2)
+    judged = judge(old, put, policy=WRITER_POLICY, user=WRITER, budget=budget, budget_clock=100.2)
+    held = judge(old, put, budget=budget, budget_clock=100.2)
 
-    assert judged.lines == [
-        message_line(
-            "change-rate", 25, 26, "the cluster-wide increase budget (1/s, burst 1) is used up",
-            "kubelet retries at its next update period; many nodes raising counts at once is worth a look",
-        )
-    ]
+    assert judged.lines == [message_line("change-rate", 25, 26, used_up, how)]
+    assert held.body["allowed"] is True
+    assert held.body["warnings"][0] == clamp_line("change-rate", 25, 26, 25, used_up, how)
+    assert [c.final for c in held.decision.changes] == [25]
     assert judge(old, put, budget=budget, budget_clock=101.2).body["allowed"] is True
+    assert budget.available(101.2) == 0, "the refilled token went to the write that passed"
 
 
 def test_decreases_validate_and_denied_requests_take_nothing_from_the_budget() -> None:
@@ -1325,7 +1359,11 @@ def test_decreases_validate_and_denied_requests_take_nothing_from_the_budget() -
 
     judge(old, kubelet_update(old, EBS, 20), budget=budget, budget_clock=0)
     judge(old, kubelet_update(old, EBS, 26), budget=budget, budget_clock=0, mode=Mode.VALIDATE)
-    assert judge(recent, kubelet_update(recent, EBS, 26), budget=budget, budget_clock=0).body["allowed"] is False
+    denied = judge(recent, kubelet_update(recent, EBS, 26), policy=WRITER_POLICY, user=WRITER, budget=budget,
+                   budget_clock=0)
+    assert denied.body["allowed"] is False
+    held = judge(recent, kubelet_update(recent, EBS, 26), budget=budget, budget_clock=0)
+    assert [c.final for c in held.decision.changes] == [25], "the node's kubelet's too-fast increase is held"
 
     assert budget.available(0) == 1
 
@@ -1359,25 +1397,28 @@ def test_a_driver_rollback_freezes_increases_for_freeze_for() -> None:
     assert rollback.state.entries[EBS].writer_version == "v1.30.0"
 
     frozen = server.kubelet(24, 600)
-    assert frozen.lines == [
-        message_line(
-            "count-rollback", 23, 24,
-            "increases are frozen until 2026-11-30T08:00:00.000Z after a driver version rollback",
-            "wait for the freeze to end (rolling the driver forward does not lift it), or have an approver justify "
-            "the increase",
-        )
-    ]
+    line = clamp_line(
+        "count-rollback", 23, 24, 23,
+        "increases are frozen until 2026-11-30T08:00:00.000Z after a driver version rollback",
+        "wait for the freeze to end (rolling the driver forward does not lift it), or have an approver justify "
+        "the increase",
+    )
+    assert len(line) > 256 and frozen.body["warnings"][0] == line[:253] + "...", "a warning is cut at 256 characters"
+    assert [c.final for c in frozen.decision.changes] == [23], "the node's kubelet's increase is held while frozen"
     assert server.kubelet(20, 700).body["allowed"] is True
     assert server.kubelet(22, 6 * 3600).body["allowed"] is True
 
 
-def test_an_increase_from_a_rolled_back_driver_is_denied_and_nothing_is_recorded() -> None:
+def test_an_increase_from_a_rolled_back_driver_is_held_at_the_stored_count_and_nothing_is_recorded() -> None:
     old = stored(23)
 
     judged = judge(old, kubelet_update(old, EBS, 25), cluster=running("v1.30.0"))
 
-    assert judged.lines[0] == message_line(
-        "writer-version", 23, 25, "driver version rolled back v1.37.0 -> v1.30.0; increases are frozen for 6h",
+    assert judged.decision.decision is Decision.CLAMP
+    assert [c.final for c in judged.decision.changes] == [23]
+    assert judged.body["warnings"][0] == clamp_line(
+        "writer-version", 23, 25, 23,
+        "driver version rolled back v1.37.0 -> v1.30.0; increases are frozen for 6h",
         "roll the driver forward, or have an approver justify the rollback",
     )
     assert judged.decision.new_state is None
@@ -1396,46 +1437,51 @@ def test_a_justified_rollback_is_admitted_and_still_freezes() -> None:
 
 
 @pytest.mark.parametrize(
-    ("policy", "cluster", "new", "allowed"),
+    ("drivers", "cluster", "new", "final"),
     [
-        pytest.param(make_policy(drivers={EBS: {"minVersion": "v1.38.0", "versionSource": ANNOTATION_SOURCE}}), None,
-                     signed(stored(25, state=None), declared_history("v1.37.0")), False,
+        pytest.param({EBS: {"minVersion": "v1.38.0", "versionSource": ANNOTATION_SOURCE}}, None,
+                     signed(stored(25, state=None), declared_history("v1.37.0")), 25,
                      id="a version a reporter declared is read from the state"),
-        pytest.param(make_policy(drivers={EBS: {"minVersion": "v1.38.0", "versionSource": ANNOTATION_SOURCE}}), None,
-                     None, True, id="the annotation the kubelet can write is not read"),
+        pytest.param({EBS: {"minVersion": "v1.38.0", "versionSource": ANNOTATION_SOURCE}}, None,
+                     None, 26, id="the annotation the kubelet can write is not read"),
         pytest.param(
-            make_policy(drivers={EBS: {"minVersion": "v1.35.0", "versionSource": {"type": "kubelet"}}}),
+            {EBS: {"minVersion": "v1.35.0", "versionSource": {"type": "kubelet"}}},
             StaticClusterView(nodes={NODE: {"labels": {}, "kubeletVersion": "v1.34.2-eks-1a2b3c"}}),
             None,
-            False,
+            25,
             id="the kubelet version source asks the cluster",
         ),
         pytest.param(
-            make_policy(
-                drivers={
-                    EBS: {
-                        "minVersion": "v1.35.0",
-                        "versionSource": {
-                            "type": "pod", "namespace": "kube-system",
-                            "selector": {"matchLabels": {"app": "ebs-csi-node"}}, "container": "ebs-plugin",
-                        },
-                    }
+            {
+                EBS: {
+                    "minVersion": "v1.35.0",
+                    "versionSource": {
+                        "type": "pod", "namespace": "kube-system",
+                        "selector": {"matchLabels": {"app": "ebs-csi-node"}}, "container": "ebs-plugin",
+                    },
                 }
-            ),
+            },
             StaticClusterView(driver_versions={NODE: {EBS: "v1.40.0"}}),
             None,
-            True,
+            26,
             id="the pod version source asks the cluster",
         ),
     ],
 )
 def test_the_driver_version_comes_from_the_configured_source(
-    policy: Policy, cluster: StaticClusterView | None, new: dict[str, Any] | None, allowed: bool
+    drivers: dict[str, Any], cluster: StaticClusterView | None, new: dict[str, Any] | None, final: int
 ) -> None:
+    """A below-minVersion driver's increase by the node's kubelet is held at the stored count (25); a driver at
+    or above it gets its 26. The same write from a listed writer is refused for the held cases."""
     old = new if new is not None else stored(25)
     put = kubelet_update(old, EBS, 26)
 
-    assert judge(old, put, policy=policy, cluster=cluster).body["allowed"] is allowed
+    judged = judge(old, put, policy=make_policy(drivers=drivers), cluster=cluster)
+    assert judged.body["allowed"] is True
+    assert [c.final for c in judged.decision.changes] == [final]
+    writer_policy = make_policy(drivers=drivers, writers={"users": [WRITER[0]]})
+    by_writer = judge(old, put, policy=writer_policy, cluster=cluster, user=WRITER)
+    assert by_writer.body["allowed"] is (final == 26)
 
 
 def test_change_rate_waits_for_the_drivers_update_period() -> None:
@@ -1444,9 +1490,10 @@ def test_change_rate_waits_for_the_drivers_update_period() -> None:
 
     judged = judge(old, kubelet_update(old, EBS, 26), cluster=cluster)
 
-    assert judged.lines == [
-        message_line("change-rate", 25, 26, "2m after the last accepted change; the minimum is 5m", RATE_HOW)
-    ]
+    assert judged.body["warnings"][0] == clamp_line(
+        "change-rate", 25, 26, 25, "2m after the last accepted change; the minimum is 5m", RATE_HOW
+    )
+    assert [c.final for c in judged.decision.changes] == [25]
 
 
 # -- real input ----------------------------------------------------------------------------------------------------

@@ -66,6 +66,7 @@ def policy_text(name: str, ceiling_action: str) -> str:
     doc = yaml.safe_load((REPO / "policies" / "default.yaml").read_text())
     doc["metadata"]["name"] = name
     doc["spec"]["rules"]["count-ceiling"]["enforcementAction"] = ceiling_action
+    doc["spec"]["writers"]["users"] = [COUNT_WRITER]
     return yaml.safe_dump(doc, sort_keys=False)
 
 
@@ -162,10 +163,15 @@ def audit_records(server: RunningServer) -> list[dict[str, Any]]:
     return records
 
 
+COUNT_WRITER = "count-operator"  # under spec.writers in policy_text's policies
+
+
 def decide_39(server: RunningServer) -> tuple[str, int]:
-    """(decision, policy generation) for a kubelet report of 39 (the ceiling for an unknown node is 27)."""
+    """(decision, policy generation) for a report of 39 by a listed writer (the ceiling for an unknown node is
+    27): ``clamp`` under a clamping ceiling, ``deny`` under a denying one. (For the node's own kubelet a denying
+    ceiling acts as a clamp to the stored count, which ``clamp`` would not tell apart.)"""
     old = kubelet_update(base_csinode(), EBS, 25)
-    body = review(old, kubelet_update(old, EBS, 39))
+    body = review(old, kubelet_update(old, EBS, 39), user=COUNT_WRITER, groups=["system:authenticated"])
     doc = json.loads(server.post("/mutate", body).data)
     annotations = doc["response"].get("auditAnnotations", {})
     deadline = time.monotonic() + 15

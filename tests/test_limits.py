@@ -119,13 +119,15 @@ def test_thousands_of_changed_drivers_give_answers_and_audit_records_linear_in_t
 def test_a_change_refused_because_of_another_drivers_violation_says_so_in_its_record(tmp_path: Path) -> None:
     doc = yaml.safe_load((REPO / "policies" / "default.yaml").read_text())
     doc["spec"]["rules"]["count-ceiling"]["enforcementAction"] = "deny"
+    # A listed writer: its denials stay denials (for the node's own kubelet a count rule's deny acts as a clamp).
+    doc["spec"]["writers"] = {"users": ["count-operator"]}
     (tmp_path / "policy.yaml").write_text(yaml.safe_dump(doc))
     policy = load_policy(tmp_path / "policy.yaml")
     old = _many(3, 10)
     new = _many(3, 10)
     new["spec"]["drivers"][0]["allocatable"]["count"] = 9  # d0: a decrease, which passes every rule
     del new["spec"]["drivers"][1]["allocatable"]  # d1: 10 -> unbounded, denied by count-ceiling
-    request = parse_review(json.dumps(review(old, new)).encode())
+    request = parse_review(json.dumps(review(old, new, user="count-operator")).encode())
     judged = evaluate(request, policy, UnknownClusterView(), NOW, KEYS, mode=Mode.MUTATE)
     assert judged.decision is Decision.DENY
     records = {r["driver"]: r for r in build_records(judged, request, endpoint=Mode.MUTATE, now=NOW,

@@ -102,7 +102,7 @@ def test_a_refused_policy_file_is_reported_by_readyz_and_a_gauge_and_clears_when
     wait_until("the problem to clear on every worker",
                lambda: all(not body["problems"] for _, body in readyz_everywhere(server)))
     for status, body in readyz_everywhere(server):
-        assert (status, body["status"], body["policy"]) == (200, "ok", {"hash": good_hash, "generation": 1})
+        assert (status, body["status"], body["policy"]) == (200, "ok", {"hash": good_hash, "generation": 1}), body
     wait_until("the gauge to clear", lambda: samples(scrape(server), "csinode_guard_policy_file_invalid") == {"": 0})
     assert decide_39(server) == ("deny", 1)
 

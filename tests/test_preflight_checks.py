@@ -33,8 +33,6 @@ from webhook.preflight import (
 from webhook.preflight_gather import classify_probe_error, probe_object, short_message
 from webhook.registration import WebhookTarget, build_webhook_configurations
 
-NOW = datetime.now(UTC)
-
 
 def kubelet_node(version: str) -> dict[str, Any]:
     return {"metadata": {"name": f"n-{version}"}, "status": {"nodeInfo": {"kubeletVersion": version}}}
@@ -45,7 +43,7 @@ def facts(**overrides: Any) -> ClusterFacts:
         server_version="v1.36.2", probe=ProbeResult(ProbeOutcome.ACCEPTED, "n/ebs.csi.aws.com"),
         nodes=[kubelet_node("v1.36.2")], scheduler_versions=["v1.36.2"], scheduler_source="pod in kube-system",
         csidrivers=[], driver_versions={}, version_sources={}, webhook_configurations={},
-        serving_certificates={}, deployment=None, now=NOW,
+        serving_certificates={}, deployment=None, now=datetime.now(UTC),
     )
     return dataclasses.replace(base, **overrides)
 
@@ -176,15 +174,16 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes, bytes
 
 def test_the_ca_bundle_verifies_the_serving_certificate_for_its_host(certs: tuple[bytes, bytes, bytes]) -> None:
     bundle, leaf, other = certs
-    assert verify_serving_certificate(bundle, leaf, "csinode-guard.csinode-guard.svc", NOW) is None
-    assert verify_serving_certificate(bundle, leaf, "127.0.0.1", NOW) is None
-    assert "not signed by a CA in caBundle" in (verify_serving_certificate(other, leaf, "127.0.0.1", NOW) or "")
-    assert "is not among its DNS names" in (verify_serving_certificate(bundle, leaf, "guard.example", NOW) or "")
-    assert "is not among its IP addresses" in (verify_serving_certificate(bundle, leaf, "10.0.0.1", NOW) or "")
-    assert "not valid now" in (verify_serving_certificate(bundle, leaf, "127.0.0.1", NOW + timedelta(days=400))
+    now = datetime.now(UTC)  # not the module's import time: the certificates are valid from 5 min before now
+    assert verify_serving_certificate(bundle, leaf, "csinode-guard.csinode-guard.svc", now) is None
+    assert verify_serving_certificate(bundle, leaf, "127.0.0.1", now) is None
+    assert "not signed by a CA in caBundle" in (verify_serving_certificate(other, leaf, "127.0.0.1", now) or "")
+    assert "is not among its DNS names" in (verify_serving_certificate(bundle, leaf, "guard.example", now) or "")
+    assert "is not among its IP addresses" in (verify_serving_certificate(bundle, leaf, "10.0.0.1", now) or "")
+    assert "not valid now" in (verify_serving_certificate(bundle, leaf, "127.0.0.1", now + timedelta(days=400))
                                or "")
-    assert verify_serving_certificate(other + bundle, leaf, "127.0.0.1", NOW) is None  # during a CA rotation
-    assert "not PEM" in (verify_serving_certificate(b"junk", leaf, "127.0.0.1", NOW) or "")
+    assert verify_serving_certificate(other + bundle, leaf, "127.0.0.1", now) is None  # during a CA rotation
+    assert "not PEM" in (verify_serving_certificate(b"junk", leaf, "127.0.0.1", now) or "")
 
 
 ENTRIES = ("mutate.csinode-guard.io", "mutate-never-refused.csinode-guard.io",

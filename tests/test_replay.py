@@ -43,7 +43,8 @@ EXPECTED = [
     ("2026-11-30T02:01:00.001Z", 25, 23, 23, "allow", [], f"system:node:{NODE}"),
     ("2026-11-30T02:02:11.001Z", 23, 20, 20, "allow", [], f"system:node:{NODE}"),
     ("2026-11-30T02:03:12.001Z", 20, 21, 21, "allow", [], f"system:node:{NODE}"),
-    ("2026-11-30T02:03:20.001Z", 21, 39, 21, "deny", ["count-ceiling", "count-rollback", "change-rate"],
+    # The node's own kubelet: the count rules' deny acts as a clamp to the stored count, 21.
+    ("2026-11-30T02:03:20.001Z", 21, 39, 21, "clamp", ["count-ceiling", "count-rollback", "change-rate"],
      f"system:node:{NODE}"),
     # The Metadata-level update before it (not judgeable) stored 22 above the trusted 21: judged from 21 (its
     # message says so), refused, so 22 stays.
@@ -78,10 +79,10 @@ def test_replay_reports_what_the_guard_would_have_done_per_event_and_in_summary(
     assert s["judged"] == 8
     assert s["notJudgeable"] == {"metadataLevel": 1, "noPreviousVersion": 1, "failedInCluster": 0, "unreadable": 0}
     assert s["skipped"] == {"notAuditEvents": 0, "otherResources": 1, "otherStages": 1, "reads": 0}
-    assert s["byDecision"] == {"allow": 5, "deny": 3}
+    assert s["byDecision"] == {"allow": 5, "clamp": 1, "deny": 2}
     assert s["byRule"]["writer-identity"] == {"deny": 2}
-    assert s["byRule"]["change-rate"] == {"deny": 1}
-    assert s["topNodes"] == [{"name": NODE, "changes": 8, "allow": 5, "deny": 3}]
+    assert s["byRule"]["change-rate"] == {"clamp": 1}
+    assert s["topNodes"] == [{"name": NODE, "changes": 8, "allow": 5, "clamp": 1, "deny": 2}]
     assert s["changesPerMinute"]["peak"] == 2
     assert s["changesPerMinute"]["busiest"][:2] == [
         {"minute": "2026-11-30T02:00", "changes": 2}, {"minute": "2026-11-30T02:03", "changes": 2}
@@ -153,10 +154,14 @@ def test_the_cluster_facts_come_from_the_log() -> None:
     """m6i.large from the Node object, ResourceExhausted from the VolumeAttachment: the ceiling is the
     instance type's, and the 23 -> 20 decrease is a correction (hence count-rollback at 02:03:20)."""
     rows: list[Row] = []
-    replay([LOG], load_policy(), rows.append)
-    deny = rows[5]
-    assert "count-rollback" in deny.rules
-    assert "undoes the correction 23 -> 20" in deny.message
+    records: list[dict[str, Any]] = []
+    replay([LOG], load_policy(), rows.append, audit_sink=records.extend)
+    held = rows[5]
+    assert (held.time, held.decision, held.final) == ("2026-11-30T02:03:20.001Z", "clamp", 21)
+    assert "count-rollback" in held.rules
+    [record] = [r for r in records if r["time"] == held.time and r["endpoint"] == "mutate"]
+    [rollback] = [o for o in record["rules"] if o["rule"] == "count-rollback"]
+    assert "undoes the correction 23 -> 20" in rollback["message"]
 
 
 def test_table_format_streams_rows_then_the_summary() -> None:
@@ -166,7 +171,7 @@ def test_table_format_streams_rows_then_the_summary() -> None:
     assert lines[0].split()[:5] == ["TIME", "NODE", "DRIVER", "OLD", "->"]
     row = lines[6]
     assert row.startswith(f"2026-11-30T02:03:20.001Z {NODE}")
-    assert "21 -> 39" in row and " deny " in row and "count-ceiling,count-rollback,change-rate" in row
+    assert "21 -> 39" in row and " clamp " in row and "count-ceiling,count-rollback,change-rate" in row
     assert lines[8].endswith("kubernetes-admin (dry run)")
     assert "Summary" in lines
     text = result.stdout
@@ -212,7 +217,9 @@ def test_guard_audit_records_for_the_audit_commands(tmp_path: Path) -> None:
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["endpoint"] for r in records].count("mutate") == 8  # the CREATE and the registration are judged too
     denied = [r for r in records if r["decision"] == "deny"]
-    assert [r["new"] for r in denied] == [39, 24, 128]
+    assert [r["new"] for r in denied] == [24, 128]
+    held = [r for r in records if r["decision"] == "clamp"]
+    assert [(r["new"], r["final"]) for r in held] == [(39, 21)], "the node's kubelet's 39 is held at the stored 21"
     assert denied[-1]["dryRun"] is True
     assert all(r["policyGeneration"] == 1 for r in records)
 
@@ -323,8 +330,10 @@ def test_the_guard_state_carries_from_event_to_event(tmp_path: Path) -> None:
         event("update", 90, request=csinode(21), response=csinode(21)),
         event("update", 120, request=csinode(22), response=csinode(22)),
     ])
-    # The CREATE (judged, carrying no state of its own), the first increase, the second one too soon after it.
-    assert [(r.decision, r.rules) for r in rows] == [("allow", ()), ("allow", ()), ("deny", ("change-rate",))]
+    # The CREATE (judged, carrying no state of its own), the first increase, the second one too soon after it
+    # (the node's kubelet's: held at the stored 21).
+    assert [(r.decision, r.rules, r.final) for r in rows] == [
+        ("allow", (), 20), ("allow", (), 21), ("clamp", ("change-rate",), 21)]
 
 
 def test_memory_stays_flat_as_the_log_grows(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ from kube import (
 
 from webhook.cluster import AttachError, StaticClusterView
 from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate
-from webhook.policy import Policy, bundled_policy_path, load_policy, parse_policy
+from webhook.policy import EnforcementAction, Policy, bundled_policy_path, load_policy, parse_policy
 from webhook.review import build_response, parse_review
 from webhook.state import STATE_ANNOTATION, EntryState, GuardState, StateKeys, decode_state, encode_state
 
@@ -118,8 +118,13 @@ def test_an_old_driver_that_reports_39_after_a_plugin_restart_keeps_the_last_acc
     assert set(decision.fired_rules) == {"writer-version", "count-ceiling"}
     assert any("driver version rolled back v1.37.0 -> v1.30.0" in w for w in decision.response.warnings)
     assert node.state.entries[EBS].frozen_until == T0 + timedelta(hours=8)
-    # Frozen: the next increase from the rolled-back driver is refused as usual (an UPDATE, not a registration).
-    assert node.put(kubelet_update(node.obj, EBS, 25), timedelta(hours=3)).decision is Decision.DENY
+    # Frozen: the next increase from the rolled-back driver (an UPDATE, not a registration) is held at the stored
+    # count; for the node's own kubelet the freeze's deny acts as a clamp to it.
+    frozen = node.put(kubelet_update(node.obj, EBS, 25), timedelta(hours=3))
+    assert frozen.decision is Decision.CLAMP
+    assert node.count == 24
+    assert "count-rollback" in frozen.fired_rules
+    assert any("increases are frozen until" in w for w in frozen.response.warnings)
 
 
 @pytest.mark.parametrize(
@@ -195,8 +200,12 @@ def test_a_rule_set_to_deny_acts_as_clamp_on_a_registration() -> None:
     assert decision.response.allowed is True
     assert decision.decision is Decision.CLAMP
     assert node.count == CEILING
-    # The same policy still refuses an increase of an entry that stays.
-    assert node.put(kubelet_update(node.obj, EBS, 28), timedelta(hours=1)).decision is Decision.DENY
+    # The same policy still holds an increase of an entry that stays at the stored count (its deny acts as a
+    # clamp to the stored count for the node's own kubelet, not to the ceiling).
+    rising = node.put(kubelet_update(node.obj, EBS, 28), timedelta(hours=1))
+    assert rising.decision is Decision.CLAMP
+    assert node.count == CEILING
+    assert any("count-ceiling deny acts as clamp for the node's kubelet" in n for n in rising.notes)
 
 
 @pytest.mark.parametrize(
@@ -234,7 +243,19 @@ def test_an_increase_with_the_same_node_id_is_still_judged_as_an_increase() -> N
     assert node.put(kubelet_update(node.obj, EBS, 24), timedelta(0)).response.allowed
     assert node.obj["spec"]["drivers"][-1]["nodeID"] == EBS_NODE_ID
 
-    assert node.put(kubelet_update(node.obj, EBS, 27), timedelta(seconds=5)).decision is Decision.DENY
+    decision = node.put(kubelet_update(node.obj, EBS, 27), timedelta(seconds=5))
+
+    # Judged as an increase (change-rate fires; a registration would be exempt), and for the node's own kubelet
+    # the deny acts as a clamp to the stored count: kubelet's write (also a re-registration after a kubelet
+    # restart, the same PUT) succeeds and the count stays.
+    assert decision.decision is Decision.CLAMP
+    assert decision.response.allowed is True
+    assert decision.fired_rules == ["change-rate"]
+    assert [(o.enforcement, o.effective) for o in decision.outcomes if o.result == "violation"] == [
+        (EnforcementAction.DENY, EnforcementAction.CLAMP)
+    ]
+    assert [c.final for c in decision.changes] == [24]
+    assert any("change-rate deny acts as clamp for the node's kubelet" in n for n in decision.notes)
 
 
 def test_a_removal_is_never_judged() -> None:

@@ -51,8 +51,12 @@ def test_a_repeated_refused_report_is_clamped_to_a_byte_identical_no_op(seconds_
     assert json.dumps(after) == before
 
 
-def test_a_real_increase_inside_the_interval_is_still_denied() -> None:
+def test_a_real_increase_inside_the_interval_is_held_at_the_stored_count_as_a_byte_identical_no_op() -> None:
+    """change-rate's deny acts as a clamp for the node's own kubelet: one request, the object unchanged (a
+    kubelet re-registering after its own restart writes the same PUT, and must not fail)."""
     stored = kubelet_update(base_csinode(), EBS, 20)
     _, stored = put(stored, kubelet_update(stored, EBS, 22), T0)
-    decision, _ = put(stored, kubelet_update(stored, EBS, 24), T0 + timedelta(seconds=5))
-    assert decision is Decision.DENY
+    before = json.dumps(stored)
+    decision, after = put(stored, kubelet_update(stored, EBS, 24), T0 + timedelta(seconds=5))
+    assert decision is Decision.CLAMP
+    assert json.dumps(after) == before

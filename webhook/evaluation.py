@@ -17,6 +17,11 @@ nothing lower to clamp to is a warning, and /validate only warns. A registration
 retained state (the count before removal, its writer version, freeze and correction); a forged annotation on
 such a write is put back by the patch instead of refusing the write. Removals are never judged.
 
+The node's own kubelet raising the count of an entry that stays: a count rule's ``deny`` acts as a ``clamp`` to
+the stored count (the count the denial would have kept; /mutate only). kubelet re-registering a driver after its
+own restart (the node plugin kept running) writes the same PUT as a periodic update, and a denial would fail that
+registration; a clamp keeps the count, and costs one request per period instead of kubelet's four.
+
 Reconciliation: the signed state records the last count the guard accepted. When a write went through unjudged
 (the guard down under ``failurePolicy: Ignore``), the object's count differs from it: a lower one counts as
 accepted, a higher one is judged as a change from the last accepted count (and is never refused for an entry
@@ -505,6 +510,28 @@ class _Evaluation:
             return True
         return change is not None and change.driver in self.soft_drivers and rule != WRITER_IDENTITY
 
+    def _keeps_stored_count(self, v: Violation, change: CountChange | None) -> bool:
+        """True when a ``deny`` of ``v`` would only keep the stored count of a rise the node's own kubelet writes.
+
+        The node's kubelet (``system:node:<node>`` in ``system:nodes``) raising the count of an entry that stays
+        (not a registration; /mutate only): a count rule's denial (change-rate, the cluster budget, a freeze, a
+        recovery or version-rollback check, minVersion, a ceiling set to deny) keeps the stored count, and
+        costs kubelet four requests per period — or, when kubelet restarted while its node plugin kept running,
+        fails the plugin's registration: kubelet's InstallCSIDriver (pkg/volume/csi/nodeinfomanager) rewrites an
+        entry with the same nodeID and topologyKeys but another count with the very PUT of a periodic update.
+        Such a denial acts as a clamp to the stored count. Request-level findings (annotations), writer-identity,
+        state-integrity and decreases (the drop to 0) are judged as configured.
+        """
+        return (
+            self.writer.is_node_kubelet
+            and self.mode is Mode.MUTATE
+            and change is not None
+            and not change.registration
+            and change.is_increase
+            and change.old is not None
+            and v.rule not in (WRITER_IDENTITY, STATE_INTEGRITY)
+        )
+
     def _effective(self, v: Violation, change: CountChange | None) -> EnforcementAction:
         action = v.action
         if not self.in_scope or self.exempt:
@@ -525,6 +552,16 @@ class _Evaluation:
         """Record a finding; ``replaces`` is the index of an earlier "pass" outcome of the same rule and change
         (change-rate before the budget check), which the violation takes the place of."""
         effective = self._effective(v, change)
+        if effective is EnforcementAction.DENY and change is not None and self._keeps_stored_count(v, change):
+            # deny acts as clamp for the node's kubelet: to the count the denial would have kept (the stored one).
+            effective = EnforcementAction.CLAMP
+            v = v._replace(clamp_to=change.old)
+            note = (
+                f"{self.node}/{change.driver}: {v.rule} deny acts as clamp for the node's kubelet "
+                f"(to the stored count {format_count(change.old)}; kubelet's write succeeds)"
+            )
+            if note not in self.notes:
+                self.notes.append(note)
         at = len(self.outcomes) if replaces is None else replaces
         finding = _Finding(change, v, effective, at)
         self.findings.append(finding)

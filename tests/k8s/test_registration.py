@@ -195,22 +195,33 @@ def test_install_latency_with_the_guard_stopped(control_plane: ControlPlane, gua
     assert took < 30
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: InstallCSIDriver over an entry that is still there with the same nodeID and topologyKeys but "
-    "a higher count is the same PUT as UpdateCSIDriver's, so it goes to the failurePolicy Fail entry and a "
-    "denial (change-rate here) fails the plugin's registration (docs/registration.md, 'Open')",
-)
-def test_an_install_over_a_registered_entry_with_the_same_node_id_succeeds(
+def test_an_install_over_a_registered_entry_with_the_same_node_id_succeeds_and_keeps_the_count(
     control_plane: ControlPlane, guard: Guard
 ) -> None:
     """kubelet restarted while the plugin kept running: InstallCSIDriver again, same nodeID and topology, another
-    count (kubelet rewrites the entry when anything differs, the count included)."""
+    count (kubelet rewrites the entry when anything differs, the count included). That PUT is a periodic update's
+    (the failurePolicy Fail entry); change-rate's deny acts as a clamp for the node's kubelet: the registration
+    succeeds and the count stays."""
     node = new_node(control_plane, guard, "reinstall")
     install(control_plane, node, 20)
+    before = control_plane.get_csinode(node)
+    validated = [r for r in guard.decisions() if r.get("node") == node and r.get("endpoint") == "validate"]
 
     took = install(control_plane, node, 39)
 
     report("guard up, install again over the registered entry reporting 39", took)
-    stored = stored_count(control_plane, node)
-    assert stored is not None and stored <= CEILING
+    after = control_plane.get_csinode(node)
+    assert counts(after) == {EBS: 20}, "the count the denial would have kept"
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], (
+        "the clamp's result is the stored object: the PUT is a no-op"
+    )
+    records = [r for r in guard.decisions()
+               if r.get("node") == node and r.get("endpoint") == "mutate" and r.get("operation") == "UPDATE"]
+    last = records[-1]
+    assert last["decision"] == "clamp", last
+    outcome = next(o for o in last["rules"] if o["rule"] == "change-rate" and o["result"] == "violation")
+    assert (outcome["enforcement"], outcome["effective"]) == ("deny", "clamp"), outcome
+    assert any("change-rate deny acts as clamp for the node's kubelet" in n for n in last.get("notes", [])), last
+    assert [r for r in guard.decisions() if r.get("node") == node and r.get("endpoint") == "validate"] == validated, (
+        "the clamped write changes no count: neither /validate entry's matchConditions match it"
+    )

@@ -19,10 +19,13 @@ JUSTIFICATION = "csinode-guard.io/justification"
 
 
 def writes_through(cp: ControlPlane, node: str) -> None:
-    """The story's writes: decrease, too-fast increase (kubelet's retries), clamp, unbounded, justified drop."""
+    """The story's writes: decrease, too-fast increase (the node's kubelet's: held at the stored count), a
+    stranger's increase (denied), clamp, unbounded, justified drop."""
     cp.kubelet(node, "install", "--driver", EBS, "--node-id", "i-replay", "--max-volumes", "25")
     cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "23")
-    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "24", check=False)  # denied, retried by kubelet
+    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "24")  # too fast: held at 23
+    refused = cp.replace_count(node, EBS, 26, kubeconfig=cp.kubeconfig, check=False)  # the admin: writer-identity
+    assert refused.returncode != 0 and "writer-identity" in refused.stderr, refused.stderr
     time.sleep(2.5)
     cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "39")  # clamped to 27
     time.sleep(2.5)
