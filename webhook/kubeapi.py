@@ -209,6 +209,11 @@ class ClusterNotConfiguredError(Exception):
     """Neither a kubeconfig nor an in-cluster service account to reach the cluster with."""
 
 
+class ClusterConfigError(Exception):
+    """A kubeconfig or in-cluster configuration that cannot be loaded (``kubernetes.config.ConfigException``,
+    re-raised with its message so that the commands need not import the client)."""
+
+
 def load_configuration(
     kubeconfig: str | None = None, context: str | None = None, *, home_fallback: bool = True
 ) -> Any | None:
@@ -247,12 +252,16 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     """A ``kubernetes.client.ApiClient`` for the operator commands, found as kubectl finds its cluster
     (:func:`load_configuration` with the ``~/.kube/config`` fallback), so that ``csinode-guard unregister``
     works in an emergency wherever kubectl does. Raises :class:`ClusterNotConfiguredError` when there is no
-    source, and ``kubernetes.config.ConfigException`` for a broken one.
+    source, :class:`ClusterConfigError` for a broken one (and ``OSError``/``ValueError`` for an unreadable one).
     """
     from kubernetes.client.api_client import ApiClient  # noqa: PLC0415 - heavy; only when a command needs it
+    from kubernetes.config import ConfigException  # noqa: PLC0415
     from urllib3.util import Retry  # noqa: PLC0415
 
-    configuration = load_configuration(kubeconfig, context)
+    try:
+        configuration = load_configuration(kubeconfig, context)
+    except ConfigException as exc:
+        raise ClusterConfigError(str(exc)) from exc
     if configuration is None:
         raise ClusterNotConfiguredError(
             "no cluster configured: pass --kubeconfig, set KUBECONFIG, create ~/.kube/config, or run inside a cluster"

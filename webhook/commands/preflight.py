@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from webhook import kubeapi
-from webhook.commands.register import cluster_options
+from webhook.commands.options import cluster_options
 from webhook.policy import PolicyError, load_policy
 from webhook.preflight import exit_code, format_checks, run_checks
 from webhook.registration import CONFIGURATION_NAME
@@ -52,8 +52,6 @@ def preflight(
     Exit code: 0 all OK, 1 some WARN, 2 some FAIL, 3 the cluster could not be read. Needs get/list on those
     objects and update on csinodes (the probe is a dry run: nothing is stored).
     """
-    from kubernetes.config import ConfigException  # noqa: PLC0415 - heavy; only when a cluster is used
-
     from webhook.preflight_gather import gather_facts  # noqa: PLC0415
 
     try:
@@ -64,7 +62,7 @@ def preflight(
         api_client = kubeapi.load_api_client(kubeconfig, context)
     except kubeapi.ClusterNotConfiguredError as exc:
         raise CannotRunError(str(exc)) from None
-    except (ConfigException, OSError, ValueError) as exc:
+    except (kubeapi.ClusterConfigError, OSError, ValueError) as exc:
         raise CannotRunError(f"cannot load the cluster configuration: {exc}") from None
     try:
         with kubeapi.KubeClient(api_client) as client:

@@ -27,7 +27,7 @@ from typing import Any
 import click
 
 from webhook import kubeapi
-from webhook.commands.register import api_failure, cluster_options, connect
+from webhook.commands.options import api_failure, cluster_options, connect
 from webhook.durations import format_duration, parse_duration
 from webhook.justification import JUSTIFICATION_ANNOTATION, JustificationError, parse_justifications
 from webhook.state import STATE_ANNOTATION, StateKeys, StateProblem, decode_state, format_time
