@@ -210,8 +210,9 @@ class ClusterNotConfiguredError(Exception):
 
 
 class ClusterConfigError(Exception):
-    """A kubeconfig or in-cluster configuration that cannot be loaded (``kubernetes.config.ConfigException``,
-    re-raised with its message so that the commands need not import the client)."""
+    """A kubeconfig or in-cluster configuration that cannot be loaded: the client's
+    ``kubernetes.config.ConfigException``, or the ``OSError``/``ValueError`` of an unreadable or malformed file,
+    re-raised with the same message so that the commands need not import the client."""
 
 
 def load_configuration(
@@ -252,16 +253,22 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     """A ``kubernetes.client.ApiClient`` for the operator commands, found as kubectl finds its cluster
     (:func:`load_configuration` with the ``~/.kube/config`` fallback), so that ``csinode-guard unregister``
     works in an emergency wherever kubectl does. Raises :class:`ClusterNotConfiguredError` when there is no
-    source, :class:`ClusterConfigError` for a broken one (and ``OSError``/``ValueError`` for an unreadable one).
+    source (or ``context`` without a kubeconfig) and :class:`ClusterConfigError`, with the client's message, for a
+    source that cannot be read or loaded.
     """
-    from kubernetes.client.api_client import ApiClient  # noqa: PLC0415 - heavy; only when a command needs it
-    from kubernetes.config import ConfigException  # noqa: PLC0415
-    from urllib3.util import Retry  # noqa: PLC0415
+    from kubernetes.config import ConfigException  # noqa: PLC0415 - heavy; only when a command needs it
 
     try:
-        configuration = load_configuration(kubeconfig, context)
-    except ConfigException as exc:
+        return _api_client(kubeconfig, context)
+    except (ConfigException, OSError, ValueError) as exc:
         raise ClusterConfigError(str(exc)) from exc
+
+
+def _api_client(kubeconfig: str | None, context: str | None) -> Any:
+    from kubernetes.client.api_client import ApiClient  # noqa: PLC0415 - heavy; only when a command needs it
+    from urllib3.util import Retry  # noqa: PLC0415
+
+    configuration = load_configuration(kubeconfig, context)
     if configuration is None:
         raise ClusterNotConfiguredError(
             "no cluster configured: pass --kubeconfig, set KUBECONFIG, create ~/.kube/config, or run inside a cluster"
