@@ -15,7 +15,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.apiserver import FakeApiServer
@@ -23,6 +22,8 @@ from tests.conftest import REPO, RunningServer
 from tests.kube import EBS, apply_response, base_csinode, kubelet_update, review
 
 DATA = REPO / "tests" / "data" / "cluster"
+APISERVER_DATA = DATA
+"""The fake API server of tests/conftest.py holds these objects in this module."""
 STATE = "csinode-guard.io/state"
 
 
@@ -33,13 +34,6 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("condition not met in time")
-
-
-@pytest.fixture
-def apiserver(apiserver: FakeApiServer) -> FakeApiServer:
-    """The shared fake API server, holding the fixtures of tests/data/cluster."""
-    apiserver.load_dir(DATA)
-    return apiserver
 
 
 def cluster_policy(tmp_path: Path) -> Path:

@@ -26,6 +26,8 @@ from webhook.providers import (
 )
 
 DATA = Path(__file__).parent / "data" / "cluster"
+APISERVER_DATA = DATA
+"""The fake API server of tests/conftest.py holds these objects in this module."""
 NODE = "ip-10-0-1-23.ec2.internal"
 OTHER_NODE = "ip-10-0-2-45.ec2.internal"
 EBS = "ebs.csi.aws.com"
@@ -94,13 +96,6 @@ def volume_attachment(
             error["errorCode"] = code
         va["status"]["attachError"] = error
     return va
-
-
-@pytest.fixture
-def apiserver(apiserver: FakeApiServer) -> FakeApiServer:
-    """The shared fake API server, holding the fixtures of tests/data/cluster."""
-    apiserver.load_dir(DATA)
-    return apiserver
 
 
 @pytest.fixture

@@ -13,14 +13,9 @@ import urllib3
 from tests.apiserver import FakeApiServer, Resource, json_patch, merge_patch, parse_label_selector
 
 DATA = Path(__file__).parent / "data" / "cluster"
+APISERVER_DATA = DATA
+"""The fake API server of tests/conftest.py holds these objects in this module."""
 NODE = "ip-10-0-1-23.ec2.internal"
-
-
-@pytest.fixture
-def apiserver(apiserver: FakeApiServer) -> FakeApiServer:
-    """The shared fake API server, holding the fixtures of tests/data/cluster."""
-    apiserver.load_dir(DATA)
-    return apiserver
 
 
 @pytest.fixture
