@@ -19,10 +19,9 @@ import yaml
 
 from tests.apiserver import FakeApiServer
 from tests.conftest import REPO, RunningServer
-from tests.kube import EBS, apply_response, base_csinode, kubelet_update, review
+from tests.kube import CLUSTER_DATA, EBS, apply_response, base_csinode, cluster_object, kubelet_update, review
 
-DATA = REPO / "tests" / "data" / "cluster"
-APISERVER_DATA = DATA
+APISERVER_DATA = CLUSTER_DATA
 """The fake API server of tests/conftest.py holds these objects in this module."""
 STATE = "csinode-guard.io/state"
 
@@ -68,8 +67,8 @@ def test_the_guard_judges_with_facts_from_its_watch_caches(
     assert json.loads(server.get("/readyz").data)["cluster"] == "synced"
 
     # A fresh ResourceExhausted attach error backs the decrease: it becomes a correction in the state.
-    attachment = copy.deepcopy(apiserver.get("volumeattachments", json.loads(
-        (DATA / "volumeattachment-exhausted.json").read_text())["metadata"]["name"]))
+    attachment = copy.deepcopy(apiserver.get("volumeattachments", cluster_object(
+        "volumeattachment-exhausted.json")["metadata"]["name"]))
     assert attachment is not None
     attachment["status"]["attachError"]["time"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     apiserver.update("volumeattachments", attachment)
