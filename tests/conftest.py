@@ -153,9 +153,13 @@ def server_factory(tmp_path: Path) -> Iterator[Any]:
 
 
 @pytest.fixture
-def apiserver() -> Iterator[FakeApiServer]:
-    """An empty fake API server (the real wire format, for the real kubernetes client)."""
+def apiserver(request: pytest.FixtureRequest) -> Iterator[FakeApiServer]:
+    """A fake API server (the real wire format, for the real kubernetes client): empty, or holding the objects
+    of the directory a test module names in ``APISERVER_DATA`` (e.g. tests/data/cluster)."""
     with FakeApiServer() as server:
+        data = getattr(request.module, "APISERVER_DATA", None)
+        if data is not None:
+            server.load_dir(data)
         yield server
 
 

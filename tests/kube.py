@@ -12,6 +12,9 @@ from typing import Any
 import jsonpatch
 
 DATA = Path(__file__).parent / "data"
+CLUSTER_DATA = DATA / "cluster"
+"""One small cluster's objects (Nodes, CSIDrivers, kube-system Pods, VolumeAttachments) as the apiserver serves
+them: the fake API server holds them where a test module sets ``APISERVER_DATA = CLUSTER_DATA``."""
 NODE = "ip-10-0-1-23.ec2.internal"
 EBS = "ebs.csi.aws.com"
 EBS_NODE_ID = "i-0a1b2c3d4e5f60718"
@@ -24,6 +27,13 @@ ABSENT = "absent"
 def base_csinode() -> dict[str, Any]:
     """The CSINode kubelet created for NODE, with the EFS driver registered (no allocatable)."""
     loaded: dict[str, Any] = json.loads((DATA / "csinode-kubelet.json").read_text())
+    return loaded
+
+
+def cluster_object(name: str) -> dict[str, Any]:
+    """The object of ``CLUSTER_DATA / name`` (e.g. ``node-m6i-large.json``), freshly decoded: the caller may change
+    it. Raises ``FileNotFoundError`` for a name that is not there."""
+    loaded: dict[str, Any] = json.loads((CLUSTER_DATA / name).read_text())
     return loaded
 
 

@@ -15,14 +15,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from tests.apiserver import FakeApiServer
 from tests.conftest import REPO, RunningServer
-from tests.kube import EBS, apply_response, base_csinode, kubelet_update, review
+from tests.kube import CLUSTER_DATA, EBS, apply_response, base_csinode, cluster_object, kubelet_update, review
 
-DATA = REPO / "tests" / "data" / "cluster"
+APISERVER_DATA = CLUSTER_DATA
+"""The fake API server of tests/conftest.py holds these objects in this module."""
 STATE = "csinode-guard.io/state"
 
 
@@ -33,13 +33,6 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 15.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError("condition not met in time")
-
-
-@pytest.fixture
-def apiserver(apiserver: FakeApiServer) -> FakeApiServer:
-    """The shared fake API server, holding the fixtures of tests/data/cluster."""
-    apiserver.load_dir(DATA)
-    return apiserver
 
 
 def cluster_policy(tmp_path: Path) -> Path:
@@ -74,8 +67,8 @@ def test_the_guard_judges_with_facts_from_its_watch_caches(
     assert json.loads(server.get("/readyz").data)["cluster"] == "synced"
 
     # A fresh ResourceExhausted attach error backs the decrease: it becomes a correction in the state.
-    attachment = copy.deepcopy(apiserver.get("volumeattachments", json.loads(
-        (DATA / "volumeattachment-exhausted.json").read_text())["metadata"]["name"]))
+    attachment = copy.deepcopy(apiserver.get("volumeattachments", cluster_object(
+        "volumeattachment-exhausted.json")["metadata"]["name"]))
     assert attachment is not None
     attachment["status"]["attachError"]["time"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     apiserver.update("volumeattachments", attachment)

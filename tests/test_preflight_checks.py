@@ -14,23 +14,17 @@ from cryptography import x509
 from webhook import kubeapi, tls
 from webhook.policy import load_policy, parse_policy
 from webhook.preflight import (
-    Check,
-    ClusterFacts,
-    ProbeOutcome,
-    ProbeResult,
-    ServingCertificate,
-    Status,
     check_apiserver,
     check_drivers,
-    check_guard,
     check_kubelets,
     check_scheduler,
     exit_code,
     format_checks,
     run_checks,
-    verify_serving_certificate,
 )
+from webhook.preflight_facts import Check, ClusterFacts, ProbeOutcome, ProbeResult, ServingCertificate, Status
 from webhook.preflight_gather import classify_probe_error, probe_object, short_message
+from webhook.preflight_guard import check_guard, verify_serving_certificate
 from webhook.registration import WebhookTarget, build_webhook_configurations
 
 

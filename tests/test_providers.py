@@ -9,13 +9,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import REGISTRY
 
 from tests.apiserver import FakeApiServer
+from tests.kube import CLUSTER_DATA, EBS, NODE, cluster_object
 from webhook.cluster import AttachErrorClass, PodVersionSource, UnknownClusterView
 from webhook.providers import (
     CacheSettings,
@@ -25,10 +25,9 @@ from webhook.providers import (
     load_api_client,
 )
 
-DATA = Path(__file__).parent / "data" / "cluster"
-NODE = "ip-10-0-1-23.ec2.internal"
+APISERVER_DATA = CLUSTER_DATA
+"""The fake API server of tests/conftest.py holds these objects in this module."""
 OTHER_NODE = "ip-10-0-2-45.ec2.internal"
-EBS = "ebs.csi.aws.com"
 EXHAUSTED_VA = "csi-3f6c0b6f0d3c1e5a9b0e7d2c4a1f8e6b5d9c3a7e1f2b4d6c8e0a2b4c6d8e0f2a"
 LONG_AGO = datetime(2000, 1, 1, tzinfo=UTC)
 TIMEOUT = 5.0  # seconds; only reached when something is broken
@@ -49,12 +48,6 @@ FAST = CacheSettings(
 )
 
 
-def load(name: str) -> dict[str, Any]:
-    """A fixture object from tests/data/cluster."""
-    loaded: dict[str, Any] = json.loads((DATA / name).read_text())
-    return loaded
-
-
 def wait_until(predicate: Callable[[], object], timeout: float = TIMEOUT, what: str = "condition") -> None:
     """Poll ``predicate`` every 5 ms until it is truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -71,7 +64,7 @@ def metric(name: str, **labels: str) -> float:
 
 def driver_pod(name: str, image_tag: str, *, node: str = NODE, phase: str = "Running", **labels: str) -> dict[str, Any]:
     """The ebs-csi-node fixture pod renamed, with another ebs-plugin image tag, node or phase."""
-    pod = load("pod-ebs-csi-node.json")
+    pod = cluster_object("pod-ebs-csi-node.json")
     pod["metadata"]["name"] = name
     pod["metadata"]["labels"].update(labels)
     pod["spec"]["nodeName"] = node
@@ -84,7 +77,7 @@ def volume_attachment(
     name: str, *, node: str = NODE, attached: bool = True, code: int | None = None, when: str = "2026-11-29T21:40:19Z"
 ) -> dict[str, Any]:
     """A VolumeAttachment for (node, ebs) that is attached, or carries an attachError with ``code``."""
-    va = load("volumeattachment-attached.json")
+    va = cluster_object("volumeattachment-attached.json")
     va["metadata"]["name"] = name
     va["spec"]["nodeName"] = node
     va["status"] = {"attached": attached}
@@ -94,13 +87,6 @@ def volume_attachment(
             error["errorCode"] = code
         va["status"]["attachError"] = error
     return va
-
-
-@pytest.fixture
-def apiserver(apiserver: FakeApiServer) -> FakeApiServer:
-    """The shared fake API server, holding the fixtures of tests/data/cluster."""
-    apiserver.load_dir(DATA)
-    return apiserver
 
 
 @pytest.fixture
@@ -134,11 +120,11 @@ def view(make_view: Callable[..., KubernetesClusterView]) -> KubernetesClusterVi
 # Fixtures are what a real apiserver returns
 
 
-@pytest.mark.parametrize("name", sorted(p.name for p in DATA.glob("*.json")))
+@pytest.mark.parametrize("name", sorted(p.name for p in CLUSTER_DATA.glob("*.json")))
 def test_fixture_objects_pass_the_client_models_validation(name: str) -> None:
     from kubernetes.client.api_client import ApiClient  # noqa: PLC0415
 
-    obj = load(name)
+    obj = cluster_object(name)
     model = ApiClient().deserialize(json.dumps(obj), f"V1{obj['kind']}", "application/json")
     assert model.metadata.name == obj["metadata"]["name"]
 
@@ -209,14 +195,14 @@ def test_list_pages_are_followed_to_the_end(
 
 
 def test_watch_events_update_the_cache(view: KubernetesClusterView, apiserver: FakeApiServer) -> None:
-    node = load("node-m6i-large.json")
+    node = cluster_object("node-m6i-large.json")
     node["metadata"]["name"] = OTHER_NODE
     node["metadata"]["labels"]["node.kubernetes.io/instance-type"] = "m6i.xlarge"
     apiserver.create("nodes", node)
     wait_until(lambda: view.node_labels(OTHER_NODE), what="ADDED node")
     assert view.node_labels(OTHER_NODE)["node.kubernetes.io/instance-type"] == "m6i.xlarge"  # type: ignore[index]
 
-    driver = load("csidriver-ebs.json")
+    driver = cluster_object("csidriver-ebs.json")
     driver["spec"]["nodeAllocatableUpdatePeriodSeconds"] = 30
     apiserver.apply("csidrivers", driver)
     wait_until(lambda: view.driver_update_period(EBS) == 30.0, what="MODIFIED csidriver")
@@ -244,7 +230,7 @@ def test_gone_relists_and_the_watch_continues(view: KubernetesClusterView, apise
     wait_until(lambda: len(apiserver.requests_for("nodes", watch=False)) == 2, what="re-list")
     wait_until(lambda: apiserver.active_watches("nodes") == 1, what="new watch")
     assert metric("csinode_guard_watch_restarts_total", kind="nodes", reason="gone") == before + 1
-    node = load("node-m6i-large.json")
+    node = cluster_object("node-m6i-large.json")
     node["metadata"]["labels"]["csinode-guard.test/after"] = "gone"
     apiserver.apply("nodes", node)
     wait_until(lambda: (view.node_labels(NODE) or {}).get("csinode-guard.test/after") == "gone")
@@ -273,7 +259,7 @@ def test_restarted_watch_picks_up_a_change_made_while_it_was_down(
     apiserver.set_offline("volumeattachments")
     apiserver.drop_watches("volumeattachments")
     wait_until(lambda: view.volumeattachments.down_since is not None, what="watch down")
-    fixed = load("volumeattachment-exhausted.json")
+    fixed = cluster_object("volumeattachment-exhausted.json")
     fixed["status"] = {"attached": True, "attachmentMetadata": {"devicePath": "/dev/xvdab"}}
     apiserver.apply("volumeattachments", fixed)
     assert view.attached_volumes(NODE, EBS) == 1  # the cache still holds the old state
@@ -298,7 +284,7 @@ def test_restarted_watch_relists_when_the_history_was_compacted_while_down(
 
 def test_bookmarks_advance_the_resource_version(view: KubernetesClusterView, apiserver: FakeApiServer) -> None:
     wait_until(lambda: apiserver.active_watches("csidrivers") == 1)
-    apiserver.create("nodes", {**load("node-m6i-large.json"), "metadata": {"name": OTHER_NODE}})
+    apiserver.create("nodes", {**cluster_object("node-m6i-large.json"), "metadata": {"name": OTHER_NODE}})
     apiserver.send_bookmark("csidrivers")
     wait_until(lambda: view.csidrivers.resource_version == str(apiserver.resource_version), what="BOOKMARK")
     # Resuming from the bookmark's resourceVersion survives a compaction: no 410, no re-list.
@@ -432,7 +418,7 @@ def test_driver_version_counts_only_running_pods_on_the_node(
     wait_until(lambda: view.driver_version(OTHER_NODE, EBS) == "v1.29.0")
     assert view.driver_version(NODE, EBS) == "v1.37.0"
 
-    stopped = load("pod-ebs-csi-node.json")
+    stopped = cluster_object("pod-ebs-csi-node.json")
     stopped["status"]["phase"] = "Failed"
     apiserver.apply("pods", stopped)  # Running -> Failed: no longer counts
     wait_until(lambda: view.driver_version(NODE, EBS) is None, what="pod leaving Running")

@@ -11,16 +11,10 @@ import pytest
 import urllib3
 
 from tests.apiserver import FakeApiServer, Resource, json_patch, merge_patch, parse_label_selector
+from tests.kube import CLUSTER_DATA, NODE, cluster_object
 
-DATA = Path(__file__).parent / "data" / "cluster"
-NODE = "ip-10-0-1-23.ec2.internal"
-
-
-@pytest.fixture
-def apiserver(apiserver: FakeApiServer) -> FakeApiServer:
-    """The shared fake API server, holding the fixtures of tests/data/cluster."""
-    apiserver.load_dir(DATA)
-    return apiserver
+APISERVER_DATA = CLUSTER_DATA
+"""The fake API server of tests/conftest.py holds these objects in this module."""
 
 
 @pytest.fixture
@@ -78,7 +72,7 @@ def test_typed_client_writes_and_conflicts(typed: Any, apiserver: FakeApiServer)
         core.read_namespaced_config_map("cm", "default")
     assert missing.value.status == 404
     with pytest.raises(client.exceptions.ApiException) as exists:
-        client.StorageV1Api(api_client).create_csi_driver(json.loads((DATA / "csidriver-ebs.json").read_text()))
+        client.StorageV1Api(api_client).create_csi_driver(cluster_object("csidriver-ebs.json"))
     assert exists.value.status == 409
 
 
@@ -101,7 +95,7 @@ def _watch_lines(http: urllib3.PoolManager, url: str) -> Iterator[dict[str, Any]
 def test_watch_streams_events_bookmarks_and_a_410(apiserver: FakeApiServer, http: urllib3.PoolManager) -> None:
     rv = apiserver.resource_version
     events = _watch_lines(http, f"{apiserver.url}/api/v1/nodes?watch=1&allowWatchBookmarks=true&resourceVersion={rv}")
-    node = json.loads((DATA / "node-m6i-large.json").read_text())
+    node = cluster_object("node-m6i-large.json")
     node["metadata"]["name"] = "n2"
     assert apiserver.wait_for_watches("nodes")
     apiserver.create("nodes", node)

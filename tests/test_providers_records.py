@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.kube import cluster_object
 from webhook.cluster import AttachErrorClass, PodVersionSource
 from webhook.providers.records import (
     PodRecord,
@@ -25,13 +23,6 @@ from webhook.providers.records import (
 )
 from webhook.providers.store import Store
 from webhook.providers.transport import ApiStatusError, GoneError
-
-DATA = Path(__file__).parent / "data" / "cluster"
-
-
-def load(name: str) -> dict[str, Any]:
-    loaded: dict[str, Any] = json.loads((DATA / name).read_text())
-    return loaded
 
 
 @pytest.mark.parametrize(
@@ -76,20 +67,20 @@ def test_parse_version_strips_a_leading_v_and_accepts_short_versions() -> None:
 
 
 def test_parse_node_keeps_labels_and_kubelet_version() -> None:
-    record = parse_node(load("node-m6i-large.json"))
+    record = parse_node(cluster_object("node-m6i-large.json"))
     assert record.labels["node.kubernetes.io/instance-type"] == "m6i.large"
     assert record.kubelet_version == "v1.35.0-eks-3cfe0ce"
     assert parse_node({"metadata": {"name": "bare"}}).kubelet_version == ""
 
 
 def test_parse_csidriver_period() -> None:
-    assert parse_csidriver(load("csidriver-ebs.json")).update_period == 60.0
+    assert parse_csidriver(cluster_object("csidriver-ebs.json")).update_period == 60.0
     assert parse_csidriver({"metadata": {"name": "x"}, "spec": {}}).update_period is None
     assert parse_csidriver({"spec": {"nodeAllocatableUpdatePeriodSeconds": True}}).update_period is None
 
 
 def test_parse_volume_attachment_with_a_resource_exhausted_error() -> None:
-    record = parse_volume_attachment(load("volumeattachment-exhausted.json"))
+    record = parse_volume_attachment(cluster_object("volumeattachment-exhausted.json"))
     assert (record.node, record.driver, record.attached) == ("ip-10-0-1-23.ec2.internal", "ebs.csi.aws.com", False)
     assert record.error is not None
     assert record.error.code == 8 and record.error.error_class is AttachErrorClass.CAPACITY
@@ -98,19 +89,19 @@ def test_parse_volume_attachment_with_a_resource_exhausted_error() -> None:
 
 
 def test_parse_volume_attachment_without_error_time_or_code() -> None:
-    va = load("volumeattachment-exhausted.json")
+    va = cluster_object("volumeattachment-exhausted.json")
     del va["status"]["attachError"]["errorCode"]  # a cluster before KEP-4876
     record = parse_volume_attachment(va)
     assert record.error is not None and record.error.code is None
     assert record.error.error_class is AttachErrorClass.OTHER
     del va["status"]["attachError"]["time"]  # no time: cannot be judged as recent, not kept
     assert parse_volume_attachment(va).error is None
-    attached = parse_volume_attachment(load("volumeattachment-attached.json"))
+    attached = parse_volume_attachment(cluster_object("volumeattachment-attached.json"))
     assert attached.attached and attached.error is None
 
 
 def test_parse_pod_keeps_running_pods_only() -> None:
-    pod = load("pod-ebs-csi-node.json")
+    pod = cluster_object("pod-ebs-csi-node.json")
     record = parse_pod(pod)
     assert record is not None and record.node == "ip-10-0-1-23.ec2.internal"
     assert [name for name, _ in record.images] == ["ebs-plugin", "node-driver-registrar", "liveness-probe"]
@@ -136,13 +127,13 @@ def test_parse_pod_keeps_running_pods_only() -> None:
     ],
 )
 def test_pod_version_by_source(source: PodVersionSource, version: str | None) -> None:
-    record = parse_pod(load("pod-ebs-csi-node.json"))
+    record = parse_pod(cluster_object("pod-ebs-csi-node.json"))
     assert isinstance(record, PodRecord)
     assert record.version(source) == version
 
 
 def test_identical_strings_are_shared_between_records() -> None:
-    first, second = parse_node(load("node-m6i-large.json")), parse_node(load("node-m6i-large.json"))
+    first, second = parse_node(cluster_object("node-m6i-large.json")), parse_node(cluster_object("node-m6i-large.json"))
     key_a = next(k for k in first.labels if k == "topology.kubernetes.io/zone")
     key_b = next(k for k in second.labels if k == "topology.kubernetes.io/zone")
     assert key_a is key_b

@@ -4,10 +4,8 @@ API-wire test server (tests/apiserver)."""
 from __future__ import annotations
 
 import base64
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +13,7 @@ import pytest
 import yaml
 
 from tests.apiserver import FakeApiServer
+from tests.clirun import run_cli
 from webhook import tls
 from webhook.cli import main
 from webhook.kubeapi import parse_warnings
@@ -41,26 +40,6 @@ def cert_dir(module_certs: Path, tmp_path: Path) -> Path:
     for path in module_certs.iterdir():
         (target / path.name).write_bytes(path.read_bytes())
     return target
-
-
-def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """``python -m webhook ARGS`` without the caller's KUBECONFIG, in-cluster or CSINODE_GUARD_* settings."""
-    clean = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("CSINODE_GUARD_") and k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
-    }
-    clean["PYTHONPATH"] = os.pathsep.join([str(REPO), clean.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    clean.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "webhook", *args],
-        cwd=cwd,
-        env=clean,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def register(cert_dir: Path, kubeconfig: str, *extra: str) -> subprocess.CompletedProcess[str]:

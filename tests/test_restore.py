@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,10 +19,11 @@ import pytest
 from kube import EBS, NODE, base_csinode, driver_entry, review
 
 from tests.apiserver import FakeApiServer, RecordedRequest
+from tests.clirun import run_cli
 from webhook.cluster import UnknownClusterView
-from webhook.commands.restore import JustificationRequest, RestoreError, build_justifications, plan_restore
 from webhook.evaluation import Mode, evaluate
 from webhook.policy import load_policy
+from webhook.restore_plan import JustificationRequest, RestoreError, build_justifications, plan_restore
 from webhook.review import parse_review
 from webhook.state import (
     STATE_ANNOTATION,
@@ -37,7 +36,6 @@ from webhook.state import (
     parse_time,
 )
 
-REPO = Path(__file__).resolve().parent.parent
 CSINODES = "csinodes.storage.k8s.io"
 JUSTIFICATION = "csinode-guard.io/justification"
 EFS = "efs.csi.aws.com"
@@ -81,20 +79,6 @@ def key_file(tmp_path: Path) -> Path:
     path = tmp_path / "state.key"
     path.write_text(f"# csinode-guard state key\n{KEY.hex()}\n")
     return path
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``python -m webhook ARGS`` without the caller's KUBECONFIG, in-cluster or CSINODE_GUARD_* settings."""
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("CSINODE_GUARD_") and k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")
-    }
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.run(
-        [sys.executable, "-m", "webhook", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60,
-        check=False,
-    )
 
 
 def restore(kubeconfig: str, *extra: str, node: str = NODE, driver: str = EBS) -> subprocess.CompletedProcess[str]:

@@ -12,8 +12,6 @@ import shutil
 import socket
 import ssl
 import stat
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,9 +22,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
+from tests.clirun import run_cli
 from webhook import tls
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 SERVICE_HOSTNAME = "csinode-guard.csinode-guard.svc"
 TIMEOUT = 10.0  # seconds; only reached when something hangs
 
@@ -871,20 +869,6 @@ def test_ensure_state_key_rejects(content: str, tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------------------------------
 # The CLI
-
-
-def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CSINODE_GUARD_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return subprocess.run(
-        [sys.executable, "-m", "webhook", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
 
 
 def test_cli_generate_writes_the_files_with_0600_keys_and_then_leaves_them(tmp_path: Path) -> None:

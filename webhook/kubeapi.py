@@ -209,6 +209,12 @@ class ClusterNotConfiguredError(Exception):
     """Neither a kubeconfig nor an in-cluster service account to reach the cluster with."""
 
 
+class ClusterConfigError(Exception):
+    """A kubeconfig or in-cluster configuration that cannot be loaded: the client's
+    ``kubernetes.config.ConfigException``, or the ``OSError``/``ValueError`` of an unreadable or malformed file,
+    re-raised with the same message so that the commands need not import the client."""
+
+
 def load_configuration(
     kubeconfig: str | None = None, context: str | None = None, *, home_fallback: bool = True
 ) -> Any | None:
@@ -247,8 +253,18 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     """A ``kubernetes.client.ApiClient`` for the operator commands, found as kubectl finds its cluster
     (:func:`load_configuration` with the ``~/.kube/config`` fallback), so that ``csinode-guard unregister``
     works in an emergency wherever kubectl does. Raises :class:`ClusterNotConfiguredError` when there is no
-    source, and ``kubernetes.config.ConfigException`` for a broken one.
+    source (or ``context`` without a kubeconfig) and :class:`ClusterConfigError`, with the client's message, for a
+    source that cannot be read or loaded.
     """
+    from kubernetes.config import ConfigException  # noqa: PLC0415 - heavy; only when a command needs it
+
+    try:
+        return _api_client(kubeconfig, context)
+    except (ConfigException, OSError, ValueError) as exc:
+        raise ClusterConfigError(str(exc)) from exc
+
+
+def _api_client(kubeconfig: str | None, context: str | None) -> Any:
     from kubernetes.client.api_client import ApiClient  # noqa: PLC0415 - heavy; only when a command needs it
     from urllib3.util import Retry  # noqa: PLC0415
 

@@ -1,9 +1,10 @@
 """``csinode-guard preflight``: will mutable allocatable counts work in this cluster, component by component? Pure.
 
-:func:`run_checks` judges :class:`ClusterFacts` (gathered by :mod:`webhook.preflight_gather`, one request or
-LIST per kind) against the version matrix of docs/operations.md (feature gate ``MutableCSINodeAllocatableCount``,
-KEP-4876: alpha 1.33, beta and off by default 1.34, on by default 1.35, GA 1.36) and against what
-:mod:`webhook.registration` registers. Each :class:`Check` is OK, WARN or FAIL with what to do; the exit code
+:func:`run_checks` judges :class:`~webhook.preflight_facts.ClusterFacts` (gathered by :mod:`webhook.preflight_gather`,
+one request or LIST per kind) against the version matrix of docs/operations.md (feature gate
+``MutableCSINodeAllocatableCount``, KEP-4876: alpha 1.33, beta and off by default 1.34, on by default 1.35, GA
+1.36), here, and the guard's own installation against what :mod:`webhook.registration` registers, in
+:mod:`webhook.preflight_guard`. Each :class:`Check` is OK, WARN or FAIL with what to do; the exit code
 is 0, 1 or 2 for the worst of them (:func:`exit_code`), so preflight can gate a rollout in CI.
 
 Kubernetes facts used:
@@ -19,19 +20,13 @@ Kubernetes facts used:
 
 from __future__ import annotations
 
-import enum
-import ipaddress
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-
 from webhook.policy import Policy
-from webhook.registration import CONFIGURATION_NAME, FAILURE_POLICY, build_webhook_configurations
+from webhook.preflight_facts import SEVERITY, Check, ClusterFacts, ProbeOutcome, Status
+from webhook.preflight_guard import check_guard
 from webhook.versions import VersionError, compare_versions, parse_version
 
 ALPHA_MINOR = 33
@@ -41,95 +36,6 @@ GA_MINOR = 36
 KUBELET_MAX_SKEW = 3
 """Minors a kubelet may lag behind kube-apiserver (Kubernetes version skew policy since 1.28)."""
 GATE = "MutableCSINodeAllocatableCount"
-
-
-class Status(enum.StrEnum):
-    """Outcome of one check; the order is the severity."""
-
-    OK = "OK"
-    WARN = "WARN"
-    FAIL = "FAIL"
-
-
-SEVERITY = {Status.OK: 0, Status.WARN: 1, Status.FAIL: 2}
-
-
-@dataclass(frozen=True)
-class Check:
-    """One row: ``component`` (kube-apiserver, kubelet, ...), what was ``checked`` and found, the ``status``
-    and ``action`` (what to do; empty when nothing)."""
-
-    component: str
-    checked: str
-    status: Status
-    action: str = ""
-
-    def to_json(self) -> dict[str, str]:
-        """The row as JSON (``-o json``)."""
-        return {"component": self.component, "checked": self.checked, "status": str(self.status),
-                "action": self.action}
-
-
-class ProbeOutcome(enum.StrEnum):
-    """What the dry-run count update answered."""
-
-    ACCEPTED = "accepted"
-    IMMUTABLE = "immutable"
-    REFUSED_BY_ADMISSION = "refused-by-admission"
-    REFUSED_AFTER_VALIDATION = "refused-after-validation"
-    NO_CANDIDATE = "no-candidate"
-    ERROR = "error"
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    """The dry-run probe: ``outcome``, the CSINode/driver it wrote (``target``) and the apiserver's message."""
-
-    outcome: ProbeOutcome
-    target: str = ""
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class ServingCertificate:
-    """The guard's serving certificate for one webhook: the leaf as DER (None when it could not be fetched),
-    where it came from (``source``: ``TLS handshake with host:port``, ``Secret ns/name``), the host name the
-    apiserver checks it against, and why fetching failed (``error``)."""
-
-    der: bytes | None
-    source: str
-    host: str
-    error: str = ""
-
-
-@dataclass(frozen=True)
-class ClusterFacts:
-    """Everything preflight judges, as plain values (JSON objects as the API returns them).
-
-    ``server_version`` is ``/version``'s ``gitVersion`` (None: unreadable, ``server_version_error`` says why);
-    ``scheduler_versions`` the versions found and ``scheduler_source`` where (``--scheduler-version``, pods);
-    ``driver_versions`` maps driver -> version -> nodes reporting it (from the policy's version source), with
-    ``version_sources`` saying which source was read per driver; ``webhook_configurations`` maps kind -> the
-    object (None: absent); ``serving_certificates`` maps webhook name -> certificate; ``deployment`` is the
-    guard's Deployment (None: absent or not looked for, ``deployment_note`` says which).
-    """
-
-    server_version: str | None
-    probe: ProbeResult
-    nodes: Sequence[Mapping[str, Any]]
-    scheduler_versions: Sequence[str]
-    scheduler_source: str
-    csidrivers: Sequence[Mapping[str, Any]]
-    driver_versions: Mapping[str, Mapping[str, int]]
-    version_sources: Mapping[str, str]
-    webhook_configurations: Mapping[str, Mapping[str, Any] | None]
-    serving_certificates: Mapping[str, ServingCertificate]
-    deployment: Mapping[str, Any] | None
-    now: datetime
-    server_version_error: str = ""
-    deployment_note: str = ""
-    errors: Mapping[str, str] = field(default_factory=dict)
-    configuration_name: str = CONFIGURATION_NAME
 
 
 def minor_of(version: str) -> tuple[int, int] | None:
@@ -314,153 +220,6 @@ def _driver_version_checks(facts: ClusterFacts, policy: Policy, name: str, compo
                       f"upgrade the driver's node plugin to {minimum} or later; the guard refuses counts from "
                       "older ones")]
     return [Check(component, f"node-plugin versions ({source}): {listed}; all >= minVersion {minimum}", Status.OK)]
-
-
-def verify_serving_certificate(ca_bundle: bytes, der: bytes, host: str, now: datetime) -> str | None:
-    """Why ``ca_bundle`` (PEM) does not verify the serving certificate ``der`` for ``host``; None when it does.
-
-    The certificate must be issued and signed by one of the bundle's certificates, valid at ``now``, and name
-    ``host`` in its subjectAltName (a DNS name or an IP address, as the apiserver checks it).
-    """
-    try:
-        cas = x509.load_pem_x509_certificates(ca_bundle)
-    except ValueError as exc:
-        return f"caBundle is not PEM certificates: {exc}"
-    try:
-        cert = x509.load_der_x509_certificate(der)
-    except ValueError as exc:
-        return f"the serving certificate does not parse: {exc}"
-    issuers = [ca for ca in cas if ca.subject == cert.issuer]
-    signed = False
-    for ca in issuers:
-        try:
-            cert.verify_directly_issued_by(ca)
-        except (ValueError, TypeError, InvalidSignature):
-            continue
-        signed = True
-        break
-    if not signed:
-        return f"not signed by a CA in caBundle (issuer {cert.issuer.rfc4514_string()})"
-    if now < cert.not_valid_before_utc or now >= cert.not_valid_after_utc:
-        return f"not valid now (valid {cert.not_valid_before_utc:%Y-%m-%d} to {cert.not_valid_after_utc:%Y-%m-%d})"
-    try:
-        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    except x509.ExtensionNotFound:
-        return "no subjectAltName"
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        dns = [n.lower() for n in names.get_values_for_type(x509.DNSName)]
-        if host.lower() not in dns:
-            return f"{host} is not among its DNS names {dns}"
-    else:
-        if address not in names.get_values_for_type(x509.IPAddress):
-            return f"{host} is not among its IP addresses"
-    return None
-
-
-def _ca_bundle(webhook: Mapping[str, Any]) -> bytes | None:
-    import base64  # noqa: PLC0415 - only here
-
-    value = (webhook.get("clientConfig") or {}).get("caBundle")
-    if not value:
-        return None
-    try:
-        return base64.b64decode(value)
-    except ValueError:
-        return None
-
-
-def check_guard(facts: ClusterFacts) -> list[Check]:
-    """The guard's webhook configurations against what ``register`` builds, their CA bundles against the
-    serving certificate, and its Deployment's ready replicas."""
-    checks: list[Check] = []
-    for expected in build_webhook_configurations(name=facts.configuration_name):
-        kind = str(expected["kind"])
-        name = str(expected["metadata"]["name"])
-        found = facts.webhook_configurations.get(kind)
-        component = f"guard {kind}"
-        if found is None:
-            checks.append(Check(component, f"{name} not found", Status.FAIL,
-                                "install the guard (kubectl apply -k deploy/overlays/...) or csinode-guard register"))
-            continue
-        present = {str(w.get("name")): w for w in found.get("webhooks") or [] if isinstance(w, Mapping)}
-        for want in expected["webhooks"]:
-            checks.extend(_check_webhook(facts, component, want, present.get(str(want["name"]))))
-    checks.extend(_check_deployment(facts))
-    return checks
-
-
-def _check_webhook(
-    facts: ClusterFacts, component: str, want: Mapping[str, Any], have: Mapping[str, Any] | None
-) -> list[Check]:
-    name = str(want["name"])
-    if have is None:
-        return [Check(component, f"webhook {name} missing", Status.FAIL, "csinode-guard register")]
-    checks = []
-    conditions = have.get("matchConditions") or []
-    if not conditions:
-        checks.append(Check(component, f"{name}: no matchConditions: every CSINode write, registrations among "
-                            "them, reaches the guard", Status.FAIL, "csinode-guard register (re-applies them)"))
-    elif list(conditions) != list(want["matchConditions"]):
-        checks.append(Check(component, f"{name}: matchConditions differ from this release's", Status.WARN,
-                            "csinode-guard register (re-applies them)"))
-    else:
-        checks.append(Check(component, f"{name}: matchConditions as registered by this release", Status.OK))
-    policy = have.get("failurePolicy", "Fail")
-    if policy != want["failurePolicy"]:
-        # Either way round is a FAIL: Ignore on the increases entry lets every increase through unchecked while
-        # the guard is down; Fail on the never-refused entry makes a down guard block kubelet's CSINode CREATE
-        # and driver registrations (the node goes NotReady, kubelet exits).
-        harm = ("increases pass unchecked while the guard is down" if want["failurePolicy"] == FAILURE_POLICY
-                else "a down guard blocks kubelet's CSINode creation and driver registrations")
-        checks.append(Check(component, f"{name}: failurePolicy {policy}, documented {want['failurePolicy']}: {harm}",
-                            Status.FAIL, "csinode-guard register (see docs/operations.md for why)"))
-    else:
-        checks.append(Check(component, f"{name}: failurePolicy {policy} as documented", Status.OK))
-    ca_bundle = _ca_bundle(have)
-    served = facts.serving_certificates.get(name)
-    if ca_bundle is None:
-        checks.append(Check(component, f"{name}: no caBundle", Status.FAIL,
-                            "csinode-guard register --cert-dir ..., or check cert-manager's cainjector"))
-    elif served is None or served.der is None:
-        why = served.error if served is not None else "not fetched"
-        checks.append(Check(component, f"{name}: serving certificate not checked ({why})", Status.WARN,
-                            "run preflight where the guard's Service is reachable, or allow reading its TLS Secret"))
-    else:
-        problem = verify_serving_certificate(ca_bundle, served.der, served.host, facts.now)
-        if problem is None:
-            checks.append(Check(component, f"{name}: caBundle verifies the serving cert ({served.source})",
-                                Status.OK))
-        else:
-            checks.append(Check(component, f"{name}: caBundle does not verify the serving certificate "
-                                f"({served.source}): {problem}", Status.FAIL,
-                                "csinode-guard register --cert-dir <the guard's certs> (or fix the certificate)"))
-    return checks
-
-
-def _check_deployment(facts: ClusterFacts) -> list[Check]:
-    deployment = facts.deployment
-    if deployment is None:
-        if facts.deployment_note:
-            return [Check("guard Deployment", facts.deployment_note, Status.OK)]
-        return [Check("guard Deployment", "not found", Status.WARN,
-                      "kubectl apply -k deploy/overlays/default (count changes are refused while no replica serves)")]
-    spec = deployment.get("spec") or {}
-    status = deployment.get("status") or {}
-    meta = deployment.get("metadata") or {}
-    where = f"-n {meta.get('namespace') or 'csinode-guard'} "
-    name = str(meta.get("name") or "csinode-guard")
-    wanted = int(spec.get("replicas", 1) or 0)
-    ready = int(status.get("readyReplicas") or 0)
-    checked = f"{ready}/{wanted} replicas ready"
-    if ready == 0:
-        return [Check("guard Deployment", checked, Status.FAIL,
-                      f"kubectl {where}describe deployment {name} (with failurePolicy Fail, count changes are "
-                      "refused meanwhile)")]
-    if ready < wanted:
-        return [Check("guard Deployment", checked, Status.WARN, f"kubectl {where}get pods")]
-    return [Check("guard Deployment", checked, Status.OK)]
 
 
 def run_checks(facts: ClusterFacts, policy: Policy) -> list[Check]:

@@ -1,11 +1,11 @@
-"""What ``csinode-guard preflight`` reads from the cluster, as :class:`webhook.preflight.ClusterFacts`.
+"""What ``csinode-guard preflight`` reads from the cluster, as :class:`webhook.preflight_facts.ClusterFacts`.
 
 One request per object or one paged LIST per kind through :class:`webhook.kubeapi.KubeClient` (never a call per
 node): ``/version``; a server-side dry run (``dryRun=All``) of one CSINode's count; Nodes; kube-scheduler pods
 in ``kube-system``; CSIDrivers; the drivers' node-plugin pods where the policy's ``versionSource`` is ``pod``;
 both webhook configurations; the guard's Deployment. The guard's serving certificate comes from a TLS
 handshake with the webhook's URL or Service (the certificate is only read, not trusted), else from its TLS
-Secret. The judging is pure, in :mod:`webhook.preflight`.
+Secret. The judging is pure, in :mod:`webhook.preflight` and :mod:`webhook.preflight_guard`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from webhook import kubeapi
 from webhook.policy import Policy
-from webhook.preflight import ClusterFacts, ProbeOutcome, ProbeResult, ServingCertificate
+from webhook.preflight_facts import ClusterFacts, ProbeOutcome, ProbeResult, ServingCertificate
 from webhook.providers.records import image_tag, lowest_version, parse_pod
 from webhook.providers.view import label_selector
 from webhook.registration import CONFIGURATION_NAME, VALIDATING_WEBHOOK_NAME
@@ -107,7 +107,7 @@ def run_probe(client: kubeapi.KubeClient, csinodes: Sequence[Mapping[str, Any]])
 
 def fetch_certificate(host: str, port: int, timeout: float = HANDSHAKE_TIMEOUT) -> bytes:
     """The leaf certificate (DER) a TLS server at ``host:port`` presents for SNI ``host``. Nothing is trusted or
-    sent: the handshake only reads the certificate, which :func:`webhook.preflight.verify_serving_certificate`
+    sent: the handshake only reads the certificate, which :func:`webhook.preflight_guard.verify_serving_certificate`
     then checks against the webhook's caBundle. Raises OSError (ssl.SSLError included)."""
     context = ssl.create_default_context()
     context.check_hostname = False

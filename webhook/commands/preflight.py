@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from webhook import kubeapi
-from webhook.commands.register import cluster_options
+from webhook.commands.options import cluster_options, connect
 from webhook.policy import PolicyError, load_policy
 from webhook.preflight import exit_code, format_checks, run_checks
 from webhook.registration import CONFIGURATION_NAME
@@ -52,22 +52,15 @@ def preflight(
     Exit code: 0 all OK, 1 some WARN, 2 some FAIL, 3 the cluster could not be read. Needs get/list on those
     objects and update on csinodes (the probe is a dry run: nothing is stored).
     """
-    from kubernetes.config import ConfigException  # noqa: PLC0415 - heavy; only when a cluster is used
-
     from webhook.preflight_gather import gather_facts  # noqa: PLC0415
 
     try:
         policy = load_policy(policy_path)
     except PolicyError as exc:
         raise click.ClickException(str(exc)) from None
+    client = connect(kubeconfig, context, failure=CannotRunError, echo_warnings=False)
     try:
-        api_client = kubeapi.load_api_client(kubeconfig, context)
-    except kubeapi.ClusterNotConfiguredError as exc:
-        raise CannotRunError(str(exc)) from None
-    except (ConfigException, OSError, ValueError) as exc:
-        raise CannotRunError(f"cannot load the cluster configuration: {exc}") from None
-    try:
-        with kubeapi.KubeClient(api_client) as client:
+        with client:
             facts = gather_facts(client, policy, now=datetime.now(UTC), scheduler_version=scheduler_version,
                                  configuration_name=configuration_name)
     except kubeapi.ApiUnreachableError as exc:

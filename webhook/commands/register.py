@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
 
 import click
 from cryptography import x509
 
 from webhook import kubeapi
+from webhook.commands.options import api_failure, cluster_options, connect
 from webhook.registration import (
     CONFIGURATION_NAME,
     MUTATE_PATH,
@@ -37,52 +38,6 @@ CA_BUNDLE_FILES = ("ca-bundle.crt", "ca.crt")
 the old and the new CA during a CA rotation, ``ca.crt`` (e.g. from a Secret) only the current one."""
 ATTEMPTS = 3
 """Tries of one get-then-write when another writer changes the object in between (409)."""
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-def cluster_options(command: F) -> F:
-    """``--kubeconfig`` and ``--context``, shared by the commands that talk to the cluster."""
-    command = click.option(
-        "--context",
-        metavar="NAME",
-        envvar="CSINODE_GUARD_CONTEXT",
-        help="kubeconfig context to use (default: the current context).",
-    )(command)
-    command = click.option(
-        "--kubeconfig",
-        metavar="PATH",
-        envvar=["CSINODE_GUARD_KUBECONFIG", "KUBECONFIG"],
-        help="kubeconfig file (default: $KUBECONFIG, else the in-cluster service account, else ~/.kube/config, "
-        "as kubectl).",
-    )(command)
-    return command
-
-
-def connect(kubeconfig: str | None, context: str | None) -> kubeapi.KubeClient:
-    """A :class:`~webhook.kubeapi.KubeClient` for the options of :func:`cluster_options`, or a usage error."""
-    from kubernetes.config import ConfigException  # noqa: PLC0415 - heavy; only when a cluster is used
-
-    try:
-        api_client = kubeapi.load_api_client(kubeconfig, context)
-    except kubeapi.ClusterNotConfiguredError as exc:
-        raise click.UsageError(str(exc)) from None
-    except (ConfigException, OSError, ValueError) as exc:
-        raise click.ClickException(f"cannot load the cluster configuration: {exc}") from None
-    return kubeapi.KubeClient(api_client, on_warning=_echo_warning)
-
-
-def _echo_warning(text: str) -> None:
-    click.echo(f"Warning: {text}", err=True)
-
-
-def api_failure(what: str, exc: kubeapi.KubeApiError | kubeapi.ApiUnreachableError) -> click.ClickException:
-    """A ClickException that shows the apiserver's Status message (or why no answer came)."""
-    if isinstance(exc, kubeapi.ApiUnreachableError):
-        return click.ClickException(f"{what}: no answer from the API server: {exc}")
-    reason = f" {exc.reason}" if exc.reason else ""
-    return click.ClickException(f"{what}: the API server answered {exc.code}{reason}: {exc.message}")
-
 
 def read_ca_bundle(cert_dir: Path) -> tuple[Path, bytes, list[x509.Certificate]]:
     """The first of :data:`CA_BUNDLE_FILES` in ``cert_dir``: its path, PEM bytes and certificates."""

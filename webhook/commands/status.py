@@ -14,7 +14,7 @@ import orjson
 
 from webhook import kubeapi
 from webhook.capacity import build_report, format_table, report_json
-from webhook.commands.register import api_failure, cluster_options, connect
+from webhook.commands.options import api_failure, cluster_options, connect
 from webhook.durations import parse_duration
 from webhook.policy import PolicyError, load_policy
 from webhook.state import StateKeys

@@ -1,0 +1,59 @@
+"""The commands that talk to the cluster share ``--kubeconfig``/``--context`` and how a cluster that cannot be
+reached from them is reported (webhook/commands/options.py): as subprocesses, the message and exit code of each
+for a kubeconfig the kubernetes client refuses and for ``--context`` inside a cluster without a kubeconfig."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.clirun import run_cli
+from webhook import tls
+
+BROKEN_KUBECONFIG = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"
+"""A kubeconfig that parses but has no current-context: the client's ConfigException."""
+
+COMMANDS = [
+    pytest.param(["register", "--cert-dir", "certs"], 1, 2, id="register"),
+    pytest.param(["unregister"], 1, 2, id="unregister"),
+    pytest.param(["restore", "node-1", "--driver", "ebs.csi.aws.com", "--reason", "r", "--no-verify"], 1, 2,
+                 id="restore"),
+    pytest.param(["status"], 1, 2, id="status"),
+    pytest.param(["preflight"], 3, 3, id="preflight"),
+]
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory with ``certs/`` (for register) and the broken kubeconfig ``broken.yaml``."""
+    root = tmp_path_factory.mktemp("cluster-options")
+    tls.ensure_dev_certs(root / "certs")
+    (root / "broken.yaml").write_text(BROKEN_KUBECONFIG)
+    return root
+
+
+@pytest.mark.parametrize(("args", "broken_exit", "usage_exit"), COMMANDS)
+def test_a_kubeconfig_the_client_refuses_is_reported_with_its_message(
+    workdir: Path, args: list[str], broken_exit: int, usage_exit: int
+) -> None:
+    path = workdir / "broken.yaml"
+    result = run_cli(*args, "--kubeconfig", str(path), cwd=workdir)
+
+    assert result.returncode == broken_exit, result.stderr
+    assert (
+        f"Error: cannot load the cluster configuration: Invalid kube-config file. Expected key current-context in "
+        f"{path}" in result.stderr
+    ), result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("args", "broken_exit", "usage_exit"), COMMANDS)
+def test_a_context_inside_a_cluster_without_a_kubeconfig_is_a_usage_error(
+    workdir: Path, args: list[str], broken_exit: int, usage_exit: int
+) -> None:
+    result = run_cli(*args, "--context", "other", cwd=workdir, env={"KUBERNETES_SERVICE_HOST": "10.96.0.1"})
+
+    assert result.returncode == usage_exit, result.stderr
+    assert "Error: --context needs a kubeconfig (--kubeconfig or KUBECONFIG)" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
