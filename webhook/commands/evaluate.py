@@ -26,7 +26,7 @@ class InputError(click.ClickException):
 
 
 def _keys(path: Path | None) -> tuple[StateKeys, str]:
-    from webhook.tls import StateKeyError, ensure_state_key  # noqa: PLC0415
+    from webhook.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
 
     if path is None:
         default = Path("certs/state.key")
