@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from webhook.durations import DURATION_PATTERN, parse_duration
-from webhook.replay import open_stream
+from webhook.replay_input import open_stream
 from webhook.state import format_time, parse_time
 
 _ROTATED = re.compile(r"^(?:\.\d+|-\d{8}(?:\d{2})?|-\d{4}-\d{2}-\d{2}(?:T[\d:.-]+)?|\.\d{8})?(?:\.gz)?$")
