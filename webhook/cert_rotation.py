@@ -25,20 +25,8 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 
+from webhook import tls
 from webhook.dev_certs import ca_common_name, generate_ca, generate_serving_cert, write_bundle, write_ca, write_serving
-from webhook.tls import (
-    ALWAYS_DNS_NAMES,
-    ALWAYS_IP_ADDRESSES,
-    DEFAULT_DNS_NAMES,
-    CertificateError,
-    CertPaths,
-    IPAddress,
-    as_utc,
-    certificate_sans,
-    issued_by,
-    load_ca,
-    load_certs,
-)
 
 __all__ = ["rotate"]
 
@@ -47,13 +35,13 @@ def rotate(
     cert_dir: str | os.PathLike[str],
     dns_names: Sequence[str] | None = None,
     *,
-    ip_addresses: Sequence[str | IPAddress] | None = None,
+    ip_addresses: Sequence[str | tls.IPAddress] | None = None,
     new_ca: bool = False,
     finish: bool = False,
     valid_days: int = 365,
     ca_valid_days: int = 3650,
     now: dt.datetime | None = None,
-) -> CertPaths:
+) -> tls.CertPaths:
     """Rotate the certificates in an existing ``cert_dir`` (two-step CA rotation: see the module docstring).
 
     - default: a new serving key and certificate (``valid_days`` days) from the current CA; bundle unchanged.
@@ -65,22 +53,22 @@ def rotate(
     ``dns_names``/``ip_addresses`` of None keep the current serving certificate's SANs (the defaults when
     there is no ``tls.crt``; when it is unreadable, ``dns_names`` must be given and IPs default to none).
     Returns the layout with ``written`` listing the replaced files in write order.
-    Raises ``ValueError`` for ``new_ca`` with ``finish``; ``CertificateError`` when the CA files are missing
+    Raises ``ValueError`` for ``new_ca`` with ``finish``; ``tls.CertificateError`` when the CA files are missing
     or do not match, for ``new_ca`` while a CA rotation is still unfinished (the bundle holds another CA), and
     for ``finish`` while ``tls.crt`` is not signed by the current CA; ``OSError`` for I/O failures.
     """
     if new_ca and finish:
         raise ValueError("new_ca and finish are two separate steps of a CA rotation; pass one of them")
-    paths = CertPaths(Path(cert_dir))
-    now = as_utc(now)
-    ca_key, ca_cert = load_ca(paths)
+    paths = tls.CertPaths(Path(cert_dir))
+    now = tls.as_utc(now)
+    ca_key, ca_cert = tls.load_ca(paths)
     bundle = _read_bundle(paths, ca_cert)
     others = [c for c in bundle if _fingerprint(c) != _fingerprint(ca_cert)]
 
     if finish:
-        serving = load_certs(paths.tls_cert)[0] if paths.tls_cert.exists() else None
-        if serving is not None and not issued_by(serving, ca_cert):
-            raise CertificateError(
+        serving = tls.load_certs(paths.tls_cert)[0] if paths.tls_cert.exists() else None
+        if serving is not None and not tls.issued_by(serving, ca_cert):
+            raise tls.CertificateError(
                 f"{paths.tls_cert} is not signed by {paths.ca_cert}; dropping the old CA now would break it: "
                 "run rotate first"
             )
@@ -91,7 +79,7 @@ def rotate(
     if dns_names is None or ip_addresses is None:
         current = _current_sans(paths)
         if current is None and dns_names is None:
-            raise CertificateError(
+            raise tls.CertificateError(
                 f"{paths.tls_cert} is unreadable: pass the DNS names for the new certificate"
             )
         current_dns, current_ips = current or ([], [])
@@ -101,7 +89,7 @@ def rotate(
     written: list[Path] = []
     if new_ca:
         if others:
-            raise CertificateError(
+            raise tls.CertificateError(
                 f"{paths.ca_bundle} still holds the previous CA ({others[0].subject.rfc4514_string()}): "
                 "finish the running CA rotation first (certs rotate --finish)"
             )
@@ -115,20 +103,20 @@ def rotate(
     return dataclasses.replace(paths, written=tuple(written))
 
 
-def _current_sans(paths: CertPaths) -> tuple[list[str], list[IPAddress]] | None:
+def _current_sans(paths: tls.CertPaths) -> tuple[list[str], list[tls.IPAddress]] | None:
     """The requested SANs of the current serving certificate; the defaults without one; None if unreadable."""
     if not paths.tls_cert.exists():
-        return list(DEFAULT_DNS_NAMES), []
+        return list(tls.DEFAULT_DNS_NAMES), []
     try:
-        dns, ips = certificate_sans(load_certs(paths.tls_cert)[0])
-    except CertificateError:
+        dns, ips = tls.certificate_sans(tls.load_certs(paths.tls_cert)[0])
+    except tls.CertificateError:
         return None
-    return [n for n in dns if n not in ALWAYS_DNS_NAMES], [ip for ip in ips if ip not in ALWAYS_IP_ADDRESSES]
+    return [n for n in dns if n not in tls.ALWAYS_DNS_NAMES], [ip for ip in ips if ip not in tls.ALWAYS_IP_ADDRESSES]
 
 
 def _fingerprint(cert: x509.Certificate) -> bytes:
     return cert.fingerprint(hashes.SHA256())
 
 
-def _read_bundle(paths: CertPaths, ca_cert: x509.Certificate) -> list[x509.Certificate]:
-    return load_certs(paths.ca_bundle) if paths.ca_bundle.exists() else [ca_cert]
+def _read_bundle(paths: tls.CertPaths, ca_cert: x509.Certificate) -> list[x509.Certificate]:
+    return tls.load_certs(paths.ca_bundle) if paths.ca_bundle.exists() else [ca_cert]
