@@ -272,7 +272,6 @@ def load_test_file(path: Path) -> dict[str, Any]:
     return doc
 
 
-
 def parse_start(text: str, source: str, where: str) -> datetime:
     """The RFC 3339 time of a ``start`` field; raises :class:`PolicyTestError` naming ``where`` in ``source``."""
     try:

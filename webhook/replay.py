@@ -419,7 +419,6 @@ def _count(value: int | None) -> int | str:
     return format_count(value) if value is None else value
 
 
-
 def replay(
     paths: Sequence[Path],
     policy: Policy,

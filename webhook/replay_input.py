@@ -180,8 +180,6 @@ def scan_lines(path: Path, index: int, summary: Summary, progress: Progress,
         yield ScannedLine(received if isinstance(received, str) else "", index, lineno, key, source, event)
 
 
-
-
 def describe_input(paths: Iterable[Path]) -> int:
     """Total bytes of ``paths`` on disk (the progress bar's total)."""
     total = 0
