@@ -308,7 +308,7 @@ def _write_log(path: Path, node_writes: list[tuple[float, int]]) -> list[str]:
     return decisions
 
 
-STORED = "#1f5fa8"  # the stored-count line (webhook.auditlog.STORED_COLOR)
+STORED = "#1f5fa8"  # the stored-count line (webhook.count_timeline.STORED_COLOR)
 DENY = "#c62828"
 
 

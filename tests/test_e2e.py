@@ -35,7 +35,7 @@ from tests.kube import (
     review,
     with_annotation,
 )
-from webhook import flushlock, tls
+from webhook import dev_certs, flushlock, tls
 
 VERSIONS = "csinode-guard.io/driver-versions"
 JUSTIFICATION = "csinode-guard.io/justification"
@@ -331,7 +331,7 @@ def test_sigterm_finishes_and_exits_zero(server_factory: Any) -> None:
 def test_serves_from_read_only_secret_mounts_without_generating_anything(tmp_path: Path) -> None:
     """As deployed: tls.crt/tls.key/ca.crt and the state key are read-only Secret files; nothing is written."""
     secret = tmp_path / "secret"
-    paths = tls.ensure_dev_certs(secret / "certs", [SERVICE_DNS])
+    paths = dev_certs.ensure_dev_certs(secret / "certs", [SERVICE_DNS])
     paths.ca_key.unlink()
     (secret / "certs" / "ca-bundle.crt").unlink()
     key_file = secret / "state-key"

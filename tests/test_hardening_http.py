@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import serialization
 
 from tests.conftest import SERVICE_DNS, RunningServer, free_port, start_server
 from tests.load import review_with_uid
-from webhook import tls
+from webhook import dev_certs
 
 pytestmark = pytest.mark.slow
 
@@ -95,8 +95,8 @@ def test_tls_1_2_suites_that_are_not_ecdhe_aead_are_refused(server: RunningServe
 
 def _write_client_ca(directory: Path, name: str) -> tuple[Path, Path, Path]:
     """A CA and a client certificate it signed: (ca.crt, client.crt, client.key)."""
-    ca_key, ca_cert = tls.generate_ca(f"{name} CA")
-    key, cert = tls.generate_client_cert(ca_key, ca_cert, "kube-apiserver")
+    ca_key, ca_cert = dev_certs.generate_ca(f"{name} CA")
+    key, cert = dev_certs.generate_client_cert(ca_key, ca_cert, "kube-apiserver")
     paths = directory / f"{name}-ca.crt", directory / f"{name}-client.crt", directory / f"{name}-client.key"
     paths[0].write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
     paths[1].write_bytes(cert.public_bytes(serialization.Encoding.PEM))

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from webhook import kubeapi, tls
+from webhook import dev_certs, kubeapi
 from webhook.policy import load_policy, parse_policy
 from webhook.preflight import (
     check_apiserver,
@@ -158,8 +158,8 @@ def test_csidrivers_period_and_node_plugin_versions_against_min_version() -> Non
 def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, bytes, bytes]:
     """(caBundle PEM, serving certificate DER for csinode-guard.csinode-guard.svc and 127.0.0.1, another CA)."""
     root = tmp_path_factory.mktemp("certs")
-    tls.ensure_dev_certs(root / "a", dns_names=["csinode-guard.csinode-guard.svc"], ip_addresses=["127.0.0.1"])
-    tls.ensure_dev_certs(root / "b", dns_names=["localhost"])
+    dev_certs.ensure_dev_certs(root / "a", dns_names=["csinode-guard.csinode-guard.svc"], ip_addresses=["127.0.0.1"])
+    dev_certs.ensure_dev_certs(root / "b", dns_names=["localhost"])
     from cryptography.hazmat.primitives.serialization import Encoding  # noqa: PLC0415
 
     leaf = x509.load_pem_x509_certificate((root / "a" / "tls.crt").read_bytes()).public_bytes(Encoding.DER)

@@ -14,7 +14,7 @@ import yaml
 
 from tests.apiserver import FakeApiServer
 from tests.clirun import run_cli
-from webhook import tls
+from webhook import cert_rotation, dev_certs
 from webhook.cli import main
 from webhook.kubeapi import parse_warnings
 from webhook.registration import WebhookTarget, build_webhook_configurations
@@ -28,7 +28,7 @@ NAME = "csinode-guard"
 @pytest.fixture(scope="module")
 def module_certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     cert_dir = tmp_path_factory.mktemp("certs")
-    tls.ensure_dev_certs(cert_dir)
+    dev_certs.ensure_dev_certs(cert_dir)
     return cert_dir
 
 
@@ -97,7 +97,7 @@ def test_a_second_register_updates_both_in_place_with_their_resource_version(
     apiserver.patch(MUTATING, NAME, {"metadata": {"labels": {"team": "storage"}, "annotations": {"a": "b"}}})
     rotated = stored(apiserver)[0]["metadata"]["resourceVersion"]
     apiserver.requests.clear()
-    tls.rotate(cert_dir, new_ca=True)  # ca-bundle.crt now carries the new and the old CA
+    cert_rotation.rotate(cert_dir, new_ca=True)  # ca-bundle.crt now carries the new and the old CA
 
     result = register(cert_dir, kubeconfig)
 

@@ -1,4 +1,4 @@
-"""webhook.tls and ``csinode-guard certs``: real certificates, real TLS handshakes over 127.0.0.1."""
+"""The certificate modules (webhook.tls and beside it) and ``certs``: real certificates, real TLS over 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from tests.clirun import run_cli
-from webhook import tls
+from webhook import cert_rotation, dev_certs, ssl_context, state_key, tls
 
 SERVICE_HOSTNAME = "csinode-guard.csinode-guard.svc"
 TIMEOUT = 10.0  # seconds; only reached when something hangs
@@ -164,7 +164,7 @@ class FakeClock:
 
 @pytest.fixture
 def cert_dir(tmp_path: Path) -> tls.CertPaths:
-    return tls.ensure_dev_certs(tmp_path / "certs")
+    return dev_certs.ensure_dev_certs(tmp_path / "certs")
 
 
 @pytest.fixture
@@ -188,7 +188,7 @@ def clock() -> FakeClock:
 def test_serving_cert_verifies_against_the_ca_for(
     hostname: str, cert_dir: tls.CertPaths, serve: Serve
 ) -> None:
-    server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
+    server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
 
     outcome = server.connect(client_context(cert_dir.ca_cert), server_hostname=hostname)
 
@@ -197,13 +197,13 @@ def test_serving_cert_verifies_against_the_ca_for(
 
 
 def test_serving_cert_verifies_against_the_ca_bundle(cert_dir: tls.CertPaths, serve: Serve) -> None:
-    server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
+    server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
 
     assert server.connect(client_context(cert_dir.ca_bundle)).ok
 
 
 def test_a_hostname_not_in_the_cert_is_rejected(cert_dir: tls.CertPaths, serve: Serve) -> None:
-    server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
+    server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
 
     outcome = server.connect(client_context(cert_dir.ca_cert), server_hostname="other.example")
 
@@ -214,8 +214,8 @@ def test_a_hostname_not_in_the_cert_is_rejected(cert_dir: tls.CertPaths, serve: 
 def test_a_client_trusting_another_ca_rejects_the_cert(
     cert_dir: tls.CertPaths, tmp_path: Path, serve: Serve
 ) -> None:
-    other = tls.ensure_dev_certs(tmp_path / "other")
-    server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
+    other = dev_certs.ensure_dev_certs(tmp_path / "other")
+    server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
 
     outcome = server.connect(client_context(other.ca_cert))
 
@@ -261,9 +261,9 @@ def test_serving_cert_extensions(cert_dir: tls.CertPaths) -> None:
 
 
 def test_serving_cert_adds_requested_names_and_ips_and_never_outlives_the_ca() -> None:
-    ca_key, ca_cert = tls.generate_ca("test CA", valid_days=30)
+    ca_key, ca_cert = dev_certs.generate_ca("test CA", valid_days=30)
 
-    _, cert = tls.generate_serving_cert(ca_key, ca_cert, ["a.example", "localhost"], ["10.0.0.1", "::1"], 365)
+    _, cert = dev_certs.generate_serving_cert(ca_key, ca_cert, ["a.example", "localhost"], ["10.0.0.1", "::1"], 365)
 
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["a.example", "localhost"]
@@ -282,10 +282,10 @@ def test_serving_cert_adds_requested_names_and_ips_and_never_outlives_the_ca() -
 def test_generate_serving_cert_raises_value_error_for(
     dns_names: list[str], ip_addresses: list[str], now_offset: dt.timedelta
 ) -> None:
-    ca_key, ca_cert = tls.generate_ca("test CA", valid_days=30)
+    ca_key, ca_cert = dev_certs.generate_ca("test CA", valid_days=30)
 
     with pytest.raises(ValueError):
-        tls.generate_serving_cert(
+        dev_certs.generate_serving_cert(
             ca_key, ca_cert, dns_names, ip_addresses, now=dt.datetime.now(dt.UTC) + now_offset
         )
 
@@ -309,7 +309,7 @@ def test_an_old_protocol_client_is_refused_by_the_server(
     client.verify_mode = ssl.CERT_NONE
     client.minimum_version = client.maximum_version = getattr(ssl.TLSVersion, version)
     client.set_ciphers("DEFAULT:@SECLEVEL=0")  # so that OpenSSL 3 really offers the old protocol
-    server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
+    server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
 
     outcome = server.connect(client)
 
@@ -321,7 +321,7 @@ def test_an_old_protocol_client_is_refused_by_the_server(
 def test_a_tls12_client_gets_an_ecdhe_aead_cipher(cert_dir: tls.CertPaths, serve: Serve) -> None:
     client = client_context(cert_dir.ca_cert)
     client.maximum_version = ssl.TLSVersion.TLSv1_2
-    server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
+    server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
 
     outcome = server.connect(client)
 
@@ -333,7 +333,7 @@ def test_a_tls12_client_gets_an_ecdhe_aead_cipher(cert_dir: tls.CertPaths, serve
 
 
 def test_a_default_client_negotiates_tls13(cert_dir: tls.CertPaths, serve: Serve) -> None:
-    server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
+    server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
 
     assert server.connect(client_context(cert_dir.ca_cert)).version == "TLSv1.3"
 
@@ -342,7 +342,7 @@ def test_a_tls12_client_offering_only_cbc_ciphers_is_refused(cert_dir: tls.CertP
     client = client_context(cert_dir.ca_cert)
     client.maximum_version = ssl.TLSVersion.TLSv1_2
     client.set_ciphers("ECDHE-ECDSA-AES128-SHA256:ECDHE-ECDSA-AES256-SHA:ECDHE-ECDSA-AES128-SHA")
-    server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
+    server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
 
     outcome = server.connect(client)
 
@@ -351,7 +351,7 @@ def test_a_tls12_client_offering_only_cbc_ciphers_is_refused(cert_dir: tls.CertP
 
 
 def test_server_context_settings(cert_dir: tls.CertPaths) -> None:
-    context = tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key)
+    context = ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key)
 
     assert context.minimum_version == ssl.TLSVersion.TLSv1_2
     assert context.options & ssl.OP_NO_COMPRESSION
@@ -363,7 +363,7 @@ def test_server_context_settings(cert_dir: tls.CertPaths) -> None:
 
 @pytest.fixture
 def client_ca(tmp_path: Path) -> ClientCA:
-    key, cert = tls.generate_ca("client CA")
+    key, cert = dev_certs.generate_ca("client CA")
     path = tmp_path / "client-ca.crt"
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return path, key, cert
@@ -372,7 +372,7 @@ def client_ca(tmp_path: Path) -> ClientCA:
 def test_client_ca_mode_rejects_a_client_without_a_certificate(
     cert_dir: tls.CertPaths, client_ca: ClientCA, serve: Serve
 ) -> None:
-    server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key, client_ca[0]))
+    server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key, client_ca[0]))
 
     outcome = server.connect(client_context(cert_dir.ca_cert))
 
@@ -385,11 +385,11 @@ def test_client_ca_mode_accepts_a_client_certificate_signed_by_that_ca(
     cert_dir: tls.CertPaths, client_ca: ClientCA, tmp_path: Path, serve: Serve
 ) -> None:
     _, ca_key, ca_cert = client_ca
-    key, cert = tls.generate_client_cert(ca_key, ca_cert, "kube-apiserver")
+    key, cert = dev_certs.generate_client_cert(ca_key, ca_cert, "kube-apiserver")
     cert_file, key_file = write_pair(tmp_path / "client", key, cert)
     client = client_context(cert_dir.ca_cert)
     client.load_cert_chain(cert_file, key_file)
-    server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key, client_ca[0]))
+    server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key, client_ca[0]))
 
     outcome = server.connect(client)
 
@@ -400,12 +400,12 @@ def test_client_ca_mode_accepts_a_client_certificate_signed_by_that_ca(
 def test_client_ca_mode_rejects_a_client_certificate_from_another_ca(
     cert_dir: tls.CertPaths, client_ca: ClientCA, tmp_path: Path, serve: Serve
 ) -> None:
-    other_key, other_ca = tls.generate_ca("another CA")
-    key, cert = tls.generate_client_cert(other_key, other_ca, "intruder")
+    other_key, other_ca = dev_certs.generate_ca("another CA")
+    key, cert = dev_certs.generate_client_cert(other_key, other_ca, "intruder")
     cert_file, key_file = write_pair(tmp_path / "client", key, cert)
     client = client_context(cert_dir.ca_cert)
     client.load_cert_chain(cert_file, key_file)
-    server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key, client_ca[0]))
+    server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key, client_ca[0]))
 
     outcome = server.connect(client)
 
@@ -420,13 +420,13 @@ def test_client_ca_mode_rejects_a_client_certificate_from_another_ca(
 def test_a_rotated_certificate_is_served_after_the_check_interval_without_restart(
     cert_dir: tls.CertPaths, clock: FakeClock, serve: Serve
 ) -> None:
-    reloading = tls.ReloadingSSLContext(cert_dir.tls_cert, cert_dir.tls_key, check_interval=10, clock=clock)
+    reloading = ssl_context.ReloadingSSLContext(cert_dir.tls_cert, cert_dir.tls_key, check_interval=10, clock=clock)
     server = serve(reloading.context)
     client = client_context(cert_dir.ca_bundle)
     old = der(cert_dir.tls_cert)
     assert server.connect(client).server_cert == old
 
-    tls.rotate(cert_dir.cert_dir)
+    cert_rotation.rotate(cert_dir.cert_dir)
     clock.advance(9.9)
     before_interval = server.connect(client).server_cert
     clock.advance(0.1)
@@ -439,7 +439,7 @@ def test_a_rotated_certificate_is_served_after_the_check_interval_without_restar
 
 def test_a_secret_volume_symlink_swap_is_picked_up(tmp_path: Path, clock: FakeClock, serve: Serve) -> None:
     # The layout kubelet's AtomicWriter gives a Secret volume: files -> ..data/file, ..data -> ..<timestamp>.
-    source = tls.ensure_dev_certs(tmp_path / "source")
+    source = dev_certs.ensure_dev_certs(tmp_path / "source")
     volume = tmp_path / "volume"
     volume.mkdir()
 
@@ -451,14 +451,14 @@ def test_a_secret_volume_symlink_swap_is_picked_up(tmp_path: Path, clock: FakeCl
     publish("..v1")
     for name in ("tls.crt", "tls.key"):
         (volume / name).symlink_to(Path("..data") / name)
-    reloading = tls.ReloadingSSLContext(
+    reloading = ssl_context.ReloadingSSLContext(
         volume / "tls.crt", volume / "tls.key", check_interval=10, clock=clock
     )
     server = serve(reloading.context)
     client = client_context(source.ca_cert)
     first = server.connect(client).server_cert
 
-    tls.rotate(source.cert_dir)
+    cert_rotation.rotate(source.cert_dir)
     publish("..v2")
     clock.advance(10)
     second = server.connect(client).server_cert
@@ -500,7 +500,7 @@ def test_broken_new_files_keep_the_last_good_context_until_fixed(
     serve: Serve,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    reloading = tls.ReloadingSSLContext(cert_dir.tls_cert, cert_dir.tls_key, check_interval=10, clock=clock)
+    reloading = ssl_context.ReloadingSSLContext(cert_dir.tls_cert, cert_dir.tls_key, check_interval=10, clock=clock)
     server = serve(reloading.context)
     client = client_context(cert_dir.ca_cert)
     good = der(cert_dir.tls_cert)
@@ -517,7 +517,7 @@ def test_broken_new_files_keep_the_last_good_context_until_fixed(
     assert reloading.last_error is not None
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1  # once, not per check
 
-    tls.rotate(cert_dir.cert_dir, tls.DEFAULT_DNS_NAMES)  # repaired: a complete new pair
+    cert_rotation.rotate(cert_dir.cert_dir, tls.DEFAULT_DNS_NAMES)  # repaired: a complete new pair
     clock.advance(10)
 
     assert server.connect(client).server_cert == der(cert_dir.tls_cert) != good
@@ -525,14 +525,14 @@ def test_broken_new_files_keep_the_last_good_context_until_fixed(
 
 
 def test_context_is_the_same_object_until_the_files_change(cert_dir: tls.CertPaths, clock: FakeClock) -> None:
-    reloading = tls.ReloadingSSLContext(cert_dir.tls_cert, cert_dir.tls_key, check_interval=10, clock=clock)
+    reloading = ssl_context.ReloadingSSLContext(cert_dir.tls_cert, cert_dir.tls_key, check_interval=10, clock=clock)
     first = reloading.context()
     clock.advance(60)
 
     assert reloading.context() is first
     assert reloading.reload() is False
 
-    tls.rotate(cert_dir.cert_dir)
+    cert_rotation.rotate(cert_dir.cert_dir)
 
     assert reloading.context() is first  # the interval has not passed since the last check
     assert reloading.reload() is True
@@ -542,11 +542,11 @@ def test_context_is_the_same_object_until_the_files_change(cert_dir: tls.CertPat
 def test_client_ca_mode_survives_reload(
     cert_dir: tls.CertPaths, client_ca: ClientCA, clock: FakeClock, serve: Serve
 ) -> None:
-    reloading = tls.ReloadingSSLContext(
+    reloading = ssl_context.ReloadingSSLContext(
         cert_dir.tls_cert, cert_dir.tls_key, client_ca=client_ca[0], check_interval=1, clock=clock
     )
     server = serve(reloading.context)
-    tls.rotate(cert_dir.cert_dir)
+    cert_rotation.rotate(cert_dir.cert_dir)
     clock.advance(1)
 
     outcome = server.connect(client_context(cert_dir.ca_cert))
@@ -556,7 +556,7 @@ def test_client_ca_mode_survives_reload(
 
 
 def test_the_gunicorn_hook_returns_the_current_context(cert_dir: tls.CertPaths) -> None:
-    reloading = tls.ReloadingSSLContext(cert_dir.tls_cert, cert_dir.tls_key)
+    reloading = ssl_context.ReloadingSSLContext(cert_dir.tls_cert, cert_dir.tls_key)
 
     def default_factory() -> ssl.SSLContext:
         raise AssertionError("the default factory is not used")
@@ -567,7 +567,7 @@ def test_the_gunicorn_hook_returns_the_current_context(cert_dir: tls.CertPaths) 
 def test_concurrent_callers_always_get_a_context_and_the_last_rotation_wins(
     cert_dir: tls.CertPaths, serve: Serve
 ) -> None:
-    reloading = tls.ReloadingSSLContext(cert_dir.tls_cert, cert_dir.tls_key, check_interval=0)
+    reloading = ssl_context.ReloadingSSLContext(cert_dir.tls_cert, cert_dir.tls_key, check_interval=0)
     errors: list[BaseException] = []
     stop = threading.Event()
 
@@ -582,7 +582,7 @@ def test_concurrent_callers_always_get_a_context_and_the_last_rotation_wins(
     for thread in threads:
         thread.start()
     for _ in range(5):
-        tls.rotate(cert_dir.cert_dir)
+        cert_rotation.rotate(cert_dir.cert_dir)
     stop.set()
     for thread in threads:
         thread.join(TIMEOUT)
@@ -595,7 +595,7 @@ def test_concurrent_callers_always_get_a_context_and_the_last_rotation_wins(
 
 def test_constructor_raises_for_missing_files(tmp_path: Path) -> None:
     with pytest.raises(tls.CertificateError):
-        tls.ReloadingSSLContext(tmp_path / "tls.crt", tmp_path / "tls.key")
+        ssl_context.ReloadingSSLContext(tmp_path / "tls.crt", tmp_path / "tls.key")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -620,7 +620,7 @@ def test_ensure_dev_certs_writes_the_layout_with_private_keys_0600(cert_dir: tls
 def test_ensure_dev_certs_changes_nothing_when_all_is_usable(cert_dir: tls.CertPaths) -> None:
     before = _contents(cert_dir)
 
-    again = tls.ensure_dev_certs(cert_dir.cert_dir)
+    again = dev_certs.ensure_dev_certs(cert_dir.cert_dir)
 
     assert again.written == ()
     assert _contents(cert_dir) == before
@@ -629,7 +629,7 @@ def test_ensure_dev_certs_changes_nothing_when_all_is_usable(cert_dir: tls.CertP
 def test_ensure_dev_certs_reissues_from_the_same_ca_for_a_new_dns_name(cert_dir: tls.CertPaths) -> None:
     ca_before = cert_dir.ca_cert.read_bytes()
 
-    again = tls.ensure_dev_certs(cert_dir.cert_dir, [*tls.DEFAULT_DNS_NAMES, "guard.example"])
+    again = dev_certs.ensure_dev_certs(cert_dir.cert_dir, [*tls.DEFAULT_DNS_NAMES, "guard.example"])
 
     san = load_cert(cert_dir.tls_cert).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert again.written == (cert_dir.tls_key, cert_dir.tls_cert)
@@ -640,11 +640,11 @@ def test_ensure_dev_certs_reissues_from_the_same_ca_for_a_new_dns_name(cert_dir:
 
 def test_ensure_dev_certs_reissues_an_expired_serving_cert(tmp_path: Path) -> None:
     two_years_ago = dt.datetime.now(dt.UTC) - dt.timedelta(days=730)
-    paths = tls.ensure_dev_certs(tmp_path / "certs", now=two_years_ago)
+    paths = dev_certs.ensure_dev_certs(tmp_path / "certs", now=two_years_ago)
     ca_before = paths.ca_cert.read_bytes()
     assert tls.certificate_problems(paths.tls_cert) != []
 
-    again = tls.ensure_dev_certs(paths.cert_dir)
+    again = dev_certs.ensure_dev_certs(paths.cert_dir)
 
     assert again.written == (paths.tls_key, paths.tls_cert)
     assert tls.certificate_problems(paths.tls_cert) == []
@@ -654,23 +654,23 @@ def test_ensure_dev_certs_reissues_an_expired_serving_cert(tmp_path: Path) -> No
 def test_ensure_dev_certs_reissues_when_the_key_does_not_match(cert_dir: tls.CertPaths) -> None:
     _mismatched_key(cert_dir)
 
-    again = tls.ensure_dev_certs(cert_dir.cert_dir)
+    again = dev_certs.ensure_dev_certs(cert_dir.cert_dir)
 
     assert again.written == (cert_dir.tls_key, cert_dir.tls_cert)
-    tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key)
+    ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key)
 
 
 def test_ensure_dev_certs_refuses_a_ca_key_that_does_not_match(cert_dir: tls.CertPaths) -> None:
     cert_dir.ca_key.write_bytes(cert_dir.tls_key.read_bytes())
 
     with pytest.raises(tls.CertificateError, match="does not match"):
-        tls.ensure_dev_certs(cert_dir.cert_dir)
+        dev_certs.ensure_dev_certs(cert_dir.cert_dir)
 
 
 def test_ensure_dev_certs_force_replaces_everything(cert_dir: tls.CertPaths) -> None:
     before = _contents(cert_dir)
 
-    again = tls.ensure_dev_certs(cert_dir.cert_dir, force=True)
+    again = dev_certs.ensure_dev_certs(cert_dir.cert_dir, force=True)
 
     after = _contents(cert_dir)
     assert set(again.written) == {
@@ -697,7 +697,7 @@ def test_rotate_issues_a_new_serving_cert_from_the_same_ca_with_the_same_names(
     before = _contents(cert_dir)
     old_cert = load_cert(cert_dir.tls_cert)
 
-    rotated = tls.rotate(cert_dir.cert_dir)
+    rotated = cert_rotation.rotate(cert_dir.cert_dir)
 
     new_cert = load_cert(cert_dir.tls_cert)
     assert rotated.written == (cert_dir.tls_key, cert_dir.tls_cert)
@@ -720,7 +720,7 @@ def test_ca_rotation_bundle_trusts_old_and_new_certs_until_finished(
     for path in (cert_dir.tls_cert, cert_dir.tls_key):
         shutil.copy2(path, old_pair / path.name)
 
-    rotated = tls.rotate(cert_dir.cert_dir, new_ca=True)
+    rotated = cert_rotation.rotate(cert_dir.cert_dir, new_ca=True)
 
     assert rotated.written[0] == cert_dir.ca_bundle  # written before anything is signed by the new CA
     assert set(rotated.written) == {
@@ -736,30 +736,30 @@ def test_ca_rotation_bundle_trusts_old_and_new_certs_until_finished(
         *_fingerprints(old_ca.read_bytes()),
     ]
     load_cert(cert_dir.tls_cert).verify_directly_issued_by(load_cert(cert_dir.ca_cert))
-    old_server = serve(lambda: tls.build_server_context(old_pair / "tls.crt", old_pair / "tls.key"))
-    new_server = serve(lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
+    old_server = serve(lambda: ssl_context.build_server_context(old_pair / "tls.crt", old_pair / "tls.key"))
+    new_server = serve(lambda: ssl_context.build_server_context(cert_dir.tls_cert, cert_dir.tls_key))
     during = client_context(cert_dir.ca_bundle)
 
     assert old_server.connect(during).ok
     assert new_server.connect(during).ok
     assert isinstance(new_server.connect(client_context(old_ca)).client_error, ssl.SSLCertVerificationError)
 
-    finished = tls.rotate(cert_dir.cert_dir, finish=True)
+    finished = cert_rotation.rotate(cert_dir.cert_dir, finish=True)
     after = client_context(cert_dir.ca_bundle)
 
     assert finished.written == (cert_dir.ca_bundle,)
     assert cert_dir.ca_bundle.read_bytes() == new_ca
     assert isinstance(old_server.connect(after).client_error, ssl.SSLCertVerificationError)
     assert new_server.connect(after).ok
-    assert tls.rotate(cert_dir.cert_dir, finish=True).written == ()  # finishing twice is a no-op
+    assert cert_rotation.rotate(cert_dir.cert_dir, finish=True).written == ()  # finishing twice is a no-op
 
 
 def test_a_second_ca_rotation_before_finishing_the_first_is_refused(cert_dir: tls.CertPaths) -> None:
-    tls.rotate(cert_dir.cert_dir, new_ca=True)
+    cert_rotation.rotate(cert_dir.cert_dir, new_ca=True)
     before = _contents(cert_dir)
 
     with pytest.raises(tls.CertificateError, match="--finish"):
-        tls.rotate(cert_dir.cert_dir, new_ca=True)
+        cert_rotation.rotate(cert_dir.cert_dir, new_ca=True)
     assert _contents(cert_dir) == before
 
 
@@ -767,23 +767,23 @@ def test_finish_is_refused_while_the_serving_cert_is_from_the_old_ca(
     cert_dir: tls.CertPaths, tmp_path: Path
 ) -> None:
     old_pair = {path.name: path.read_bytes() for path in (cert_dir.tls_cert, cert_dir.tls_key)}
-    tls.rotate(cert_dir.cert_dir, new_ca=True)
+    cert_rotation.rotate(cert_dir.cert_dir, new_ca=True)
     for name, content in old_pair.items():
         (cert_dir.cert_dir / name).write_bytes(content)
 
     with pytest.raises(tls.CertificateError, match="not signed by"):
-        tls.rotate(cert_dir.cert_dir, finish=True)
+        cert_rotation.rotate(cert_dir.cert_dir, finish=True)
     assert len(_fingerprints(cert_dir.ca_bundle.read_bytes())) == 2
 
 
 def test_rotate_refuses_new_ca_together_with_finish(cert_dir: tls.CertPaths) -> None:
     with pytest.raises(ValueError):
-        tls.rotate(cert_dir.cert_dir, new_ca=True, finish=True)
+        cert_rotation.rotate(cert_dir.cert_dir, new_ca=True, finish=True)
 
 
 def test_rotate_needs_an_existing_ca(tmp_path: Path) -> None:
     with pytest.raises(tls.CertificateError, match="missing"):
-        tls.rotate(tmp_path)
+        cert_rotation.rotate(tmp_path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -827,8 +827,8 @@ def test_certificate_problems_reports_an_unreadable_file(tmp_path: Path) -> None
 def test_ensure_state_key_creates_one_32_byte_key_with_mode_0600_and_then_reads_it(tmp_path: Path) -> None:
     path = tmp_path / "state" / "hmac.key"
 
-    created = tls.ensure_state_key(path)
-    read_back = tls.ensure_state_key(path)
+    created = state_key.ensure_state_key(path)
+    read_back = state_key.ensure_state_key(path)
 
     assert len(created) == 1
     assert len(created[0]) == 32
@@ -847,7 +847,7 @@ def test_ensure_state_key_reads_several_keys_in_order(tmp_path: Path) -> None:
         f"{base64.urlsafe_b64encode(third).decode().rstrip('=')}\n"
     )
 
-    assert tls.ensure_state_key(path) == [first, second, third]
+    assert state_key.ensure_state_key(path) == [first, second, third]
 
 
 @pytest.mark.parametrize(
@@ -863,8 +863,8 @@ def test_ensure_state_key_rejects(content: str, tmp_path: Path) -> None:
     path = tmp_path / "hmac.key"
     path.write_text(content)
 
-    with pytest.raises(tls.StateKeyError):
-        tls.ensure_state_key(path)
+    with pytest.raises(state_key.StateKeyError):
+        state_key.ensure_state_key(path)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -921,7 +921,9 @@ def test_optional_client_ca_mode_lets_a_client_without_a_certificate_connect(
     cert_dir: tls.CertPaths, client_ca: ClientCA, serve: Serve
 ) -> None:
     server = serve(
-        lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key, client_ca[0], client_cert_optional=True)
+        lambda: ssl_context.build_server_context(
+            cert_dir.tls_cert, cert_dir.tls_key, client_ca[0], client_cert_optional=True
+        )
     )
 
     outcome = server.connect(client_context(cert_dir.ca_cert))
@@ -933,15 +935,17 @@ def test_optional_client_ca_mode_lets_a_client_without_a_certificate_connect(
 def test_optional_client_ca_mode_still_rejects_a_certificate_from_another_ca(
     cert_dir: tls.CertPaths, tmp_path: Path, client_ca: ClientCA, serve: Serve
 ) -> None:
-    other_key, other_cert = tls.generate_ca("another CA")
-    key, cert = tls.generate_client_cert(other_key, other_cert, "intruder")
+    other_key, other_cert = dev_certs.generate_ca("another CA")
+    key, cert = dev_certs.generate_client_cert(other_key, other_cert, "intruder")
     cert_file, key_file = tmp_path / "intruder.crt", tmp_path / "intruder.key"
     cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     key_file.write_bytes(
         key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     server = serve(
-        lambda: tls.build_server_context(cert_dir.tls_cert, cert_dir.tls_key, client_ca[0], client_cert_optional=True)
+        lambda: ssl_context.build_server_context(
+            cert_dir.tls_cert, cert_dir.tls_key, client_ca[0], client_cert_optional=True
+        )
     )
     context = client_context(cert_dir.ca_cert)
     context.load_cert_chain(cert_file, key_file)

@@ -20,7 +20,8 @@ import yaml
 
 from tests.conftest import REPO
 from tests.test_hot_reload import Load, readyz
-from webhook.policy import MAX_ALIASES, PolicyError, load_policy, load_yaml
+from webhook.policy import PolicyError, load_policy
+from webhook.safe_yaml import MAX_ALIASES, load_yaml
 
 
 def laughs(levels: int, indent: str = "    ") -> str:

@@ -1,12 +1,8 @@
-"""Table-driven policy tests: sequences of CSINode writes over time, and what the guard must answer to each.
+"""Running table-driven policy tests: each case's CSINode writes over time through the guard, checked.
 
-A test file (YAML, ``kind: PolicyTest``) holds cases; a case is a sequence of steps on one or more CSINodes. A
-step is a time (``at`` from the case start, or ``after`` the previous step), the cluster facts at that moment
-(node labels, driver versions, ResourceExhausted evidence, driver update periods), and one write: the writer
-(``user``/``groups``), the operation, the driver counts after the write (kubelet style: each listed driver is
-removed and re-appended) or a whole object, annotations (a justification). ``expect`` lists the outcome: the
-decision, the rule ids that fire, the counts stored afterwards, parts of warnings and of the denial message, and
-the guard's state per driver (frozen, correction).
+The test files (``kind: PolicyTest``) and their schema are :mod:`webhook.policytest_files`; the results and
+their reports are :mod:`webhook.policytest_report`. ``run_test_file`` loads a file and its policy and runs every
+case; ``run_cases`` runs an already loaded document.
 
 Each write goes through :func:`webhook.chain.admit_write`: matchConditions, /mutate, its JSONPatch applied with
 ``jsonpatch``, /validate, then stored unless refused or a dry run. The guard's signed state therefore carries
@@ -14,45 +10,7 @@ from step to step exactly as through the real webhook. Facts that a real cluster
 seeing it (node labels, the driver-versions annotation, attach errors) are applied before the write.
 
 Everything here is pure apart from reading the test and policy files: the clock is the step time and the state
-key is fixed. See ``policies/tests/`` for examples and :data:`TEST_SCHEMA` for every field. In short::
-
-    apiVersion: csinode-guard.io/v1alpha1
-    kind: PolicyTest
-    policy: ../default.yaml            # relative to this file; `policy test --policy P` overrides it
-    start: "2026-11-30T02:00:00Z"      # the clock of step 0 (per case: start)
-    cases:
-      - name: ...
-        cluster: {driverPeriods: {ebs.csi.aws.com: 60}, attachErrorsKnown: true}
-        nodes:                         # the CSINodes before step 1 (exists: false: none yet; or a whole object)
-          ip-10-0-1-23.ec2.internal:
-            drivers: {ebs.csi.aws.com: 25, efs.csi.aws.com: unbounded}
-            labels: {node.kubernetes.io/instance-type: m6i.large}   # absent: the node is unknown to the guard
-            driverVersions: {ebs.csi.aws.com: v1.37.0}
-        steps:
-          - at: 5m                     # or after: 30s (from the previous step); neither: same time
-            node: ...                  # needed when the case has several nodes
-            user: kubelet              # (default) the node's kubelet; kubelet:<other-node>; or any username
-            groups: [...]              # default: system:nodes for kubelets, system:authenticated otherwise
-            operation: UPDATE          # CREATE, DELETE; dryRun: true
-            drivers: {ebs.csi.aws.com: 39}       # a count, unbounded (or null), absent (driver removed)
-            annotations: {key: value}            # null removes
-            justification: [{driver, minCount, maxCount, expires: 2h | RFC 3339, reason, ticket}]
-            object: {...}              # instead of drivers/annotations: the whole new object
-            labels / kubeletVersion / driverVersions / driverPeriods:   # facts from now on
-            resourceExhausted: [ebs.csi.aws.com]                       # attach error, gRPC code 8, now
-            attachErrors: [{driver, code: 8, ago: 2m, volumeAttachment, message}]
-            expect:
-              decision: clamp          # allow warn clamp deny invalid skip (skip: the webhook is not called)
-              allowed: true
-              called: true             # matchConditions send the write to the guard
-              rules: [count-ceiling]   # exactly the rules that found a violation (any order)
-              final: {ebs.csi.aws.com: 27}         # stored afterwards (unbounded, absent)
-              written: true            # the stored object changed
-              warnings: ["part of a warning"]      # and noWarnings: true
-              message: ["part of the denial"]
-              state: {ebs.csi.aws.com: {count: 27, frozen: false, correction: resource-exhausted,
-                                        writerVersion: v1.37.0}}
-              approvals: 1
+key is fixed.
 """
 
 from __future__ import annotations
@@ -63,40 +21,29 @@ import os
 import re
 import time
 import uuid
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import yaml
-
 from webhook.budget import IncreaseBudget
 from webhook.chain import WriteOutcome, admit_write
 from webhook.cluster import AttachError, StaticClusterView
-from webhook.csinode import INT32_MAX
-from webhook.durations import DURATION_PATTERN, format_duration, parse_duration
+from webhook.durations import DURATION_PATTERN, parse_duration
 from webhook.evaluation import explain
 from webhook.justification import JUSTIFICATION_ANNOTATION
-from webhook.policy import (
-    RULE_IDS,
-    STATE_INTEGRITY,
-    Policy,
-    PolicyError,
-    describe_schema_error,
-    json_path,
-    load_policy,
-    load_yaml,
+from webhook.policy import Policy, PolicyError, json_path, load_policy
+from webhook.policytest_files import (
+    ABSENT,
+    DEFAULT_START,
+    UNBOUNDED,
+    PolicyTestError,
+    load_test_file,
+    parse_start,
 )
+from webhook.policytest_report import CaseResult, FileResult, StepResult
 from webhook.state import STATE_ANNOTATION, StateKeys, decode_state, format_time, parse_time
 
-API_VERSION = "csinode-guard.io/v1alpha1"
-KIND = "PolicyTest"
-DEFAULT_START = "2026-01-01T00:00:00Z"
-ABSENT = "absent"
-UNBOUNDED = "unbounded"
 KUBELET = "kubelet"
 NODE_GROUPS = ("system:nodes", "system:authenticated")
 USER_GROUPS = ("system:authenticated",)
@@ -106,295 +53,6 @@ MIGRATED_PLUGINS = (
 )
 TEST_KEY = b"csinode-guard policy test key 0"
 """The HMAC key of the state in policy tests (fixed: runs are reproducible)."""
-
-_DURATION: dict[str, Any] = {
-    "oneOf": [{"type": "string", "pattern": DURATION_PATTERN}, {"type": "number", "minimum": 0}]
-}
-_COUNT: dict[str, Any] = {
-    "oneOf": [
-        {"type": "integer", "minimum": 0, "maximum": INT32_MAX},
-        {"type": "null"},
-        {"enum": [ABSENT, UNBOUNDED]},
-    ]
-}
-_COUNTS: dict[str, Any] = {"type": "object", "additionalProperties": _COUNT}
-_STRINGS: dict[str, Any] = {"type": "array", "items": {"type": "string"}}
-_STRING_MAP: dict[str, Any] = {"type": "object", "additionalProperties": {"type": "string"}}
-_JUSTIFICATION: dict[str, Any] = {
-    "type": "object",
-    "required": ["driver", "minCount", "maxCount", "expires"],
-    "properties": {
-        "driver": {"type": "string"},
-        "reason": {"type": "string"},
-        "minCount": {"type": "integer", "minimum": 0},
-        "maxCount": {"type": "integer", "minimum": 0},
-        "expires": {"type": ["string", "number"], "description": "RFC 3339 time, or a duration from the step"},
-        "ticket": {"type": "string"},
-    },
-    "additionalProperties": False,
-}
-_ATTACH_ERROR: dict[str, Any] = {
-    "type": "object",
-    "required": ["driver"],
-    "properties": {
-        "driver": {"type": "string"},
-        "code": {"type": ["integer", "null"]},
-        "ago": _DURATION,
-        "volumeAttachment": {"type": "string"},
-        "message": {"type": "string"},
-    },
-    "additionalProperties": False,
-}
-_FACTS: dict[str, Any] = {
-    "labels": {"oneOf": [_STRING_MAP, {"type": "null"}]},
-    "kubeletVersion": {"type": "string"},
-    "driverVersions": _STRING_MAP,
-    "driverPeriods": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0}},
-    "attachErrors": {"type": "array", "items": _ATTACH_ERROR},
-    "resourceExhausted": _STRINGS,
-}
-_EXPECT: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "decision": {"enum": ["allow", "warn", "clamp", "deny", "invalid", "skip"]},
-        "allowed": {"type": "boolean"},
-        "called": {"type": "boolean"},
-        "rules": {"type": "array", "items": {"enum": [*RULE_IDS, STATE_INTEGRITY]}},
-        "final": _COUNTS,
-        "written": {"type": "boolean"},
-        "warnings": _STRINGS,
-        "noWarnings": {"type": "boolean"},
-        "message": _STRINGS,
-        "state": {
-            "type": "object",
-            "additionalProperties": {
-                "type": "object",
-                "properties": {
-                    "count": _COUNT,
-                    "frozen": {"type": "boolean"},
-                    "correction": {"enum": ["resource-exhausted", "justification", None]},
-                    "writerVersion": {"type": ["string", "null"]},
-                },
-                "additionalProperties": False,
-            },
-        },
-        "approvals": {"type": "integer", "minimum": 0},
-    },
-    "additionalProperties": False,
-}
-TEST_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "type": "object",
-    "required": ["apiVersion", "kind", "cases"],
-    "properties": {
-        "apiVersion": {"const": API_VERSION},
-        "kind": {"const": KIND},
-        "metadata": {"type": "object"},
-        "policy": {"type": "string", "description": "policy file, relative to the test file"},
-        "start": {"type": "string"},
-        "cases": {
-            "type": "array",
-            "minItems": 1,
-            "items": {
-                "type": "object",
-                "required": ["name", "nodes", "steps"],
-                "properties": {
-                    "name": {"type": "string", "minLength": 1},
-                    "description": {"type": "string"},
-                    "start": {"type": "string"},
-                    "cluster": {
-                        "type": "object",
-                        "properties": {
-                            "driverPeriods": _FACTS["driverPeriods"],
-                            "attachErrorsKnown": {"type": "boolean"},
-                        },
-                        "additionalProperties": False,
-                    },
-                    "nodes": {
-                        "type": "object",
-                        "minProperties": 1,
-                        "additionalProperties": {
-                            "type": ["object", "null"],
-                            "properties": {
-                                "exists": {"type": "boolean"},
-                                "drivers": _COUNTS,
-                                "annotations": _STRING_MAP,
-                                "object": {"type": "object"},
-                                "labels": _FACTS["labels"],
-                                "kubeletVersion": _FACTS["kubeletVersion"],
-                                "driverVersions": _FACTS["driverVersions"],
-                            },
-                            "additionalProperties": False,
-                        },
-                    },
-                    "steps": {
-                        "type": "array",
-                        "minItems": 1,
-                        "items": {
-                            "type": "object",
-                            "properties": {
-                                "name": {"type": "string"},
-                                "at": _DURATION,
-                                "after": _DURATION,
-                                "node": {"type": "string"},
-                                "user": {"type": "string"},
-                                "groups": _STRINGS,
-                                "operation": {"enum": ["UPDATE", "CREATE", "DELETE"]},
-                                "dryRun": {"type": "boolean"},
-                                "drivers": _COUNTS,
-                                "annotations": {
-                                    "type": "object",
-                                    "additionalProperties": {"type": ["string", "null"]},
-                                },
-                                "justification": {
-                                    "oneOf": [{"type": "array", "items": _JUSTIFICATION}, {"type": "null"}]
-                                },
-                                "object": {"type": "object"},
-                                **_FACTS,
-                                "expect": _EXPECT,
-                            },
-                            "not": {"required": ["at", "after"]},
-                            "additionalProperties": False,
-                        },
-                    },
-                },
-                "additionalProperties": False,
-            },
-        },
-    },
-    "additionalProperties": False,
-}
-
-
-class PolicyTestError(ValueError):
-    """A test file that cannot be run: ``source`` file, ``path`` inside it, ``problem``."""
-
-    def __init__(self, source: str, path: str, problem: str) -> None:
-        super().__init__(f"{source}: at {path or '(document)'}: {problem}")
-        self.source = source
-        self.path = path
-        self.problem = problem
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """One step's outcome: what happened (``decision`` None for a step with facts only) and what failed."""
-
-    index: int
-    name: str
-    offset: float
-    node: str
-    summary: str
-    decision: str | None
-    fired: tuple[str, ...]
-    finals: Mapping[str, int | str | None]
-    failures: tuple[str, ...]
-    explanation: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()
-    message: str = ""
-
-    @property
-    def passed(self) -> bool:
-        """True when every expectation held."""
-        return not self.failures
-
-
-@dataclass(frozen=True)
-class CaseResult:
-    """One case: its steps (up to the first failing one's end), run time, or an ``error`` that stopped it."""
-
-    name: str
-    steps: tuple[StepResult, ...]
-    seconds: float
-    error: str | None = None
-
-    @property
-    def passed(self) -> bool:
-        """True when the case ran and every step passed."""
-        return self.error is None and all(s.passed for s in self.steps)
-
-
-@dataclass(frozen=True)
-class FileResult:
-    """A test file's cases, the policy they ran against, or an ``error`` (file or policy not loadable)."""
-
-    path: str
-    cases: tuple[CaseResult, ...] = ()
-    policy_source: str = ""
-    policy_hash: str = ""
-    error: str | None = None
-
-    @property
-    def passed(self) -> bool:
-        """True when the file loaded and every case passed."""
-        return self.error is None and all(c.passed for c in self.cases)
-
-
-@dataclass
-class Totals:
-    """Counts over several files."""
-
-    files: int = 0
-    cases: int = 0
-    passed: int = 0
-    failed: int = 0
-    errors: int = 0
-    failed_names: list[str] = field(default_factory=list)
-
-
-def totals(results: Sequence[FileResult]) -> Totals:
-    """Sum up ``results``: cases passed and failed, files or cases that could not run."""
-    t = Totals(files=len(results))
-    for f in results:
-        if f.error is not None:
-            t.errors += 1
-            t.failed_names.append(f.path)
-            continue
-        for c in f.cases:
-            t.cases += 1
-            if c.error is not None:
-                t.errors += 1
-                t.failed_names.append(f"{f.path}: {c.name}")
-            elif c.passed:
-                t.passed += 1
-            else:
-                t.failed += 1
-                t.failed_names.append(f"{f.path}: {c.name}")
-    return t
-
-
-# -- loading --------------------------------------------------------------------------------------------------
-
-
-def load_test_file(path: Path) -> dict[str, Any]:
-    """Read and validate a ``kind: PolicyTest`` file; raises :class:`PolicyTestError` naming the broken spot."""
-    try:
-        text = path.read_text("utf-8")
-    except OSError as exc:
-        raise PolicyTestError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise PolicyTestError(str(path), f"byte {exc.start}", "not UTF-8 text: save the policy test as UTF-8"
-                              ) from None
-    try:
-        doc = load_yaml(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise PolicyTestError(str(path), where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
-    validator = jsonschema.Draft202012Validator(TEST_SCHEMA)
-    errors = list(validator.iter_errors(doc))
-    if errors:
-        best = jsonschema.exceptions.best_match(errors) or errors[0]
-        raise PolicyTestError(str(path), json_path(best.absolute_path), describe_schema_error(best))
-    assert isinstance(doc, dict)
-    return doc
-
-
-def _parse_start(text: str, source: str, where: str) -> datetime:
-    try:
-        return parse_time(text)
-    except ValueError:
-        raise PolicyTestError(source, where, f"not an RFC 3339 time: {text!r}") from None
 
 
 # -- objects ----------------------------------------------------------------------------------------------------
@@ -825,11 +483,11 @@ class _Case:
 
 def run_cases(doc: Mapping[str, Any], policy: Policy, source: str = "<test>") -> list[CaseResult]:
     """Run every case of a validated test document against ``policy``."""
-    start = _parse_start(str(doc.get("start", DEFAULT_START)), source, "$.start")
+    start = parse_start(str(doc.get("start", DEFAULT_START)), source, "$.start")
     results = []
     for i, case in enumerate(doc["cases"]):
         where = f"$.cases[{i}]"
-        case_start = _parse_start(str(case["start"]), source, f"{where}.start") if "start" in case else start
+        case_start = parse_start(str(case["start"]), source, f"{where}.start") if "start" in case else start
         try:
             results.append(_Case(case, policy, case_start, source, where).run())
         except PolicyTestError as exc:
@@ -855,102 +513,3 @@ def run_test_file(path: Path, policy_path: Path | None = None) -> FileResult:
         policy_source=policy.source,
         policy_hash=policy.hash,
     )
-
-
-def find_test_files(paths: Sequence[Path]) -> list[Path]:
-    """The test files named by ``paths``: files as given, directories' ``*.yaml``/``*.yml`` (sorted)."""
-    found: list[Path] = []
-    for p in paths:
-        if p.is_dir():
-            found += sorted(q for q in p.rglob("*") if q.suffix in (".yaml", ".yml") and q.is_file())
-        else:
-            found.append(p)
-    return found
-
-
-# -- reports ----------------------------------------------------------------------------------------------------
-
-
-def _offset(seconds: float) -> str:
-    return "+0s" if seconds <= 0 else "+" + format_duration(seconds)
-
-
-def format_text(results: Sequence[FileResult], *, verbose: bool = False) -> str:
-    """A readable report: PASS/FAIL per case; for a failure, each failing step's expected vs actual and why."""
-    lines: list[str] = []
-    for f in results:
-        if f.error is not None:
-            lines.append(f"ERROR {f.path}")
-            lines.append(f"      {f.error}")
-            continue
-        lines.append(f"{f.path} (policy {f.policy_source}, hash {f.policy_hash})")
-        for c in f.cases:
-            if c.error is not None:
-                lines.append(f"  ERROR {c.name}")
-                lines.append(f"        {c.error}")
-                continue
-            lines.append(f"  {'PASS' if c.passed else 'FAIL'}  {c.name}")
-            for s in c.steps:
-                if s.passed and not verbose:
-                    continue
-                label = f" {s.name!r}" if s.name else ""
-                status = "ok" if s.passed else "FAILED"
-                lines.append(f"        step {s.index}{label} at {_offset(s.offset)} on {s.node}: {s.summary} "
-                             f"-> {s.decision or '-'} [{', '.join(s.fired)}]  {status}")
-                for failure in s.failures:
-                    lines.append(f"          {failure}")
-                if not s.passed:
-                    if s.message:
-                        lines.append("          denied: " + s.message.replace("\n", "\n                  "))
-                    for w in s.warnings:
-                        lines.append(f"          warning: {w}")
-                    if s.explanation:
-                        lines.append("          why:")
-                        lines += [f"            {e}" for e in s.explanation]
-    t = totals(results)
-    summary = f"{t.cases} cases: {t.passed} passed, {t.failed} failed"
-    if t.errors:
-        summary += f", {t.errors} could not run"
-    lines.append(summary)
-    return "\n".join(lines) + "\n"
-
-
-def format_junit(results: Sequence[FileResult]) -> str:
-    """JUnit XML (one testsuite per file, one testcase per case) for CI systems."""
-    root = ET.Element("testsuites", name="csinode-guard policy test")
-    all_tests = all_failures = all_errors = 0
-    for f in results:
-        suite = ET.SubElement(root, "testsuite", name=f.path)
-        tests = failures = errors = 0
-        seconds = 0.0
-        if f.error is not None:
-            tests, errors = 1, 1
-            case = ET.SubElement(suite, "testcase", classname=Path(f.path).stem, name="(load)")
-            ET.SubElement(case, "error", message=f.error).text = f.error
-        for c in f.cases:
-            tests += 1
-            seconds += c.seconds
-            case = ET.SubElement(suite, "testcase", classname=Path(f.path).stem, name=c.name,
-                                 time=f"{c.seconds:.3f}")
-            if c.error is not None:
-                errors += 1
-                ET.SubElement(case, "error", message=c.error).text = c.error
-            elif not c.passed:
-                failures += 1
-                failing = [s for s in c.steps if not s.passed]
-                first = failing[0]
-                message = f"step {first.index}: {first.failures[0]}"
-                body = format_text([FileResult(f.path, (c,), f.policy_source, f.policy_hash)])
-                ET.SubElement(case, "failure", message=message, type="PolicyTestFailure").text = body
-        suite.set("tests", str(tests))
-        suite.set("failures", str(failures))
-        suite.set("errors", str(errors))
-        suite.set("time", f"{seconds:.3f}")
-        all_tests += tests
-        all_failures += failures
-        all_errors += errors
-    root.set("tests", str(all_tests))
-    root.set("failures", str(all_failures))
-    root.set("errors", str(all_errors))
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -40,25 +40,22 @@ CSINode (without ``managedFields``), the facts per node and driver, and counters
 kept. Lines are parsed as JSON only when they mention a resource of interest; any other line is only checked to
 look like a JSON object. A line that is not JSON (a truncated last line included) is reported with its file and
 line number and skipped; a truncated gzip stream ends that file with a report. Nothing in the input is fatal.
+
+The files are read by :mod:`webhook.replay_input`; the rows, problems and summary are
+:mod:`webhook.replay_results`. This module judges the events.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import gzip
 import heapq
 import itertools
-import json
-import os
-import re
-import zlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import Any
 
 import jsonpatch
 
@@ -69,274 +66,12 @@ from webhook.cluster import AttachError, StaticClusterView
 from webhook.csinode import format_count
 from webhook.evaluation import AdmissionDecision, Mode
 from webhook.policy import Policy
+from webhook.replay_input import Progress, order_files, scan_lines
+from webhook.replay_results import FACT_RESOURCES, Problem, Row, Summary
 from webhook.state import STATE_ANNOTATION, StateKeys, format_time, parse_time
 
-INTERESTING = (b"csinodes", b'"nodes"', b"volumeattachments", b"csidrivers")
-"""Byte strings a line must contain to be parsed as JSON (every other line is skipped unparsed)."""
 JUDGED_STAGES = ("ResponseComplete", "Panic")
 REPLAY_KEY = b"csinode-guard replay state key 0"
-MAX_PROBLEMS_KEPT = 100
-BUSIEST_MINUTES_SHOWN = 5
-"""The summary lists only this many of the minutes with the most changes (the busiest first)."""
-FACT_RESOURCES = ("nodes", "csidrivers", "volumeattachments")
-"""Resources whose events are read as cluster facts (labels, kubelet version, update periods, attach errors)."""
-PROGRESS_EVERY_LINES = 2000
-
-
-@dataclass(frozen=True)
-class Problem:
-    """A line or file that could not be read: ``source`` file, 1-based ``line`` (0: the file), ``reason``."""
-
-    source: str
-    line: int
-    reason: str
-
-    def __str__(self) -> str:
-        where = f"{self.source}:{self.line}" if self.line else self.source
-        return f"{where}: {self.reason}"
-
-
-@dataclass(frozen=True)
-class Row:
-    """What the guard would have done with one count change (or one judged write without a change).
-
-    ``driver`` None: a write that reached the guard but changed no count (an annotation, a justification).
-    """
-
-    time: str
-    node: str
-    driver: str | None
-    old: int | str | None
-    new: int | str | None
-    final: int | str | None
-    decision: str
-    rules: tuple[str, ...]
-    user: str
-    verb: str
-    audit_id: str
-    dry_run: bool = False
-    message: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        """The row as a JSON object (counts: int or "unbounded")."""
-        return {
-            "time": self.time,
-            "node": self.node,
-            "driver": self.driver,
-            "old": self.old,
-            "new": self.new,
-            "final": self.final,
-            "decision": self.decision,
-            "rules": list(self.rules),
-            "user": self.user,
-            "verb": self.verb,
-            "auditID": self.audit_id,
-            "dryRun": self.dry_run,
-            **({"message": self.message} if self.message else {}),
-        }
-
-
-@dataclass
-class Summary:
-    """Counters of one replay (all bounded by nodes, drivers and minutes, not by the size of the log)."""
-
-    files: list[str] = field(default_factory=list)
-    lines: int = 0
-    bad_lines: int = 0
-    events: int = 0
-    not_audit_events: int = 0
-    other_resources: int = 0
-    other_stages: int = 0
-    reads: int = 0
-    csinode_writes: int = 0
-    metadata_level: int = 0
-    no_previous_version: int = 0
-    failed_in_cluster: int = 0
-    unreadable: int = 0
-    not_called: int = 0
-    judged: int = 0
-    changes: int = 0
-    reordered: int = 0
-    late: int = 0
-    duplicates: int = 0
-    cluster_facts: Counter[str] = field(default_factory=Counter)
-    first_event: str | None = None
-    last_event: str | None = None
-    by_decision: Counter[str] = field(default_factory=Counter)
-    by_rule: dict[str, Counter[str]] = field(default_factory=dict)
-    nodes: dict[str, Counter[str]] = field(default_factory=dict)
-    drivers: dict[str, Counter[str]] = field(default_factory=dict)
-    per_minute: Counter[str] = field(default_factory=Counter)
-    problems: list[Problem] = field(default_factory=list)
-
-    def add_problem(self, problem: Problem) -> None:
-        """Count a problem, keeping the first :data:`MAX_PROBLEMS_KEPT` for the report."""
-        self.bad_lines += 1
-        if len(self.problems) < MAX_PROBLEMS_KEPT:
-            self.problems.append(problem)
-
-    def add_row(self, row: Row) -> None:
-        """Count one change row."""
-        if row.driver is None:
-            return
-        self.changes += 1
-        self.nodes.setdefault(row.node, Counter())[row.decision] += 1
-        self.drivers.setdefault(row.driver, Counter())[row.decision] += 1
-        self.per_minute[row.time[:16]] += 1
-
-    def top(self, table: Mapping[str, Counter[str]], n: int = 10) -> list[dict[str, Any]]:
-        """The ``n`` keys with the most refused or rewritten changes (deny, clamp, warn), then the most changes."""
-        def key(item: tuple[str, Counter[str]]) -> tuple[int, int, str]:
-            name, counts = item
-            flagged = counts["deny"] + counts["clamp"] + counts["warn"] + counts["invalid"]
-            return (-flagged, -sum(counts.values()), name)
-
-        out = []
-        for name, counts in sorted(table.items(), key=key)[:n]:
-            out.append({"name": name, "changes": sum(counts.values()), **dict(sorted(counts.items()))})
-        return out
-
-    def minute_stats(self) -> dict[str, Any]:
-        """Changes per minute: the peak, the mean over minutes with changes, and only the
-        :data:`BUSIEST_MINUTES_SHOWN` busiest minutes (``busiestShown`` says how many at most)."""
-        if not self.per_minute:
-            return {"peak": 0, "meanOverActiveMinutes": 0.0, "activeMinutes": 0,
-                    "busiestShown": BUSIEST_MINUTES_SHOWN, "busiest": []}
-        busiest = sorted(self.per_minute.items(), key=lambda kv: (-kv[1], kv[0]))[:BUSIEST_MINUTES_SHOWN]
-        return {
-            "peak": busiest[0][1],
-            "meanOverActiveMinutes": round(sum(self.per_minute.values()) / len(self.per_minute), 2),
-            "activeMinutes": len(self.per_minute),
-            "busiestShown": BUSIEST_MINUTES_SHOWN,
-            "busiest": [{"minute": m, "changes": c} for m, c in busiest],
-        }
-
-    def accounted_events(self) -> int:
-        """Audit events the summary puts somewhere: skipped, cluster facts or CSINode writes. Equals ``events``."""
-        return (self.other_resources + self.other_stages + self.reads + self.csinode_writes
-                + sum(self.cluster_facts.values()))
-
-    def to_json(self) -> dict[str, Any]:
-        """The summary as a JSON object."""
-        return {
-            "files": self.files,
-            "lines": self.lines,
-            "badLines": self.bad_lines,
-            "auditEvents": self.events,
-            "duplicateEvents": self.duplicates,
-            "firstEvent": self.first_event,
-            "lastEvent": self.last_event,
-            "skipped": {
-                "notAuditEvents": self.not_audit_events,
-                "otherResources": self.other_resources,
-                "otherStages": self.other_stages,
-                "reads": self.reads,
-            },
-            "clusterFacts": {resource: self.cluster_facts[resource] for resource in FACT_RESOURCES},
-            "csinodeWrites": self.csinode_writes,
-            "notJudgeable": {
-                "metadataLevel": self.metadata_level,
-                "noPreviousVersion": self.no_previous_version,
-                "failedInCluster": self.failed_in_cluster,
-                "unreadable": self.unreadable,
-            },
-            "notCalled": self.not_called,
-            "judged": self.judged,
-            "changes": self.changes,
-            "byDecision": dict(sorted(self.by_decision.items())),
-            "byRule": {rule: dict(sorted(c.items())) for rule, c in sorted(self.by_rule.items())},
-            "topNodes": self.top(self.nodes),
-            "topDrivers": self.top(self.drivers),
-            "changesPerMinute": self.minute_stats(),
-            "order": {"reordered": self.reordered, "late": self.late},
-            "problems": [str(p) for p in self.problems],
-        }
-
-
-# -- reading ----------------------------------------------------------------------------------------------------
-
-
-class Progress:
-    """Progress sink: ``advance(n_bytes)`` as input is consumed. The default does nothing."""
-
-    def advance(self, n: int) -> None:
-        """Count ``n`` more bytes of input read."""
-
-    def close(self) -> None:
-        """Finish."""
-
-
-def open_stream(path: Path) -> tuple[IO[bytes], IO[bytes]]:
-    """(raw file, byte stream) of ``path``: gzip is recognised by its magic number, not by the file name."""
-    raw = path.open("rb")
-    magic = raw.read(2)
-    raw.seek(0)
-    if magic == b"\x1f\x8b":
-        return raw, gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
-    return raw, raw
-
-
-def iter_lines(path: Path, summary: Summary, progress: Progress, on_problem: Callable[[Problem], None]) -> Iterator[
-    tuple[int, bytes]
-]:
-    """Yield (line number, line) of a plain or gzip file; a broken stream ends the file with a problem."""
-    try:
-        raw, stream = open_stream(path)
-    except OSError as exc:
-        on_problem(Problem(str(path), 0, f"cannot open: {exc.strerror or exc}"))
-        return
-    lineno = 0
-    reported = 0
-    try:
-        with raw, stream:
-            while True:
-                try:
-                    line = stream.readline()
-                except (EOFError, gzip.BadGzipFile, zlib.error, OSError) as exc:
-                    on_problem(Problem(str(path), lineno + 1, f"compressed stream broken after line {lineno} "
-                                       f"({type(exc).__name__}: {exc}); rest of the file skipped"))
-                    return
-                if not line:
-                    break
-                lineno += 1
-                summary.lines += 1
-                yield lineno, line
-                if lineno % PROGRESS_EVERY_LINES == 0:
-                    pos = raw.tell()
-                    progress.advance(pos - reported)
-                    reported = pos
-    finally:
-        try:
-            size = path.stat().st_size
-        except OSError:
-            size = reported
-        progress.advance(max(0, size - reported))
-
-
-def _first_time(path: Path) -> str:
-    """requestReceivedTimestamp of the first audit event in ``path`` ("" when none in its first lines)."""
-    try:
-        raw, stream = open_stream(path)
-        with raw, stream:
-            for _ in range(100):
-                line = stream.readline()
-                if not line:
-                    break
-                try:
-                    doc = json.loads(line)
-                except ValueError:
-                    continue
-                if isinstance(doc, dict) and isinstance(doc.get("requestReceivedTimestamp"), str):
-                    return str(doc["requestReceivedTimestamp"])
-    except (OSError, EOFError, zlib.error):
-        pass
-    return ""
-
-
-def order_files(paths: Sequence[Path]) -> list[Path]:
-    """Files sorted by the time of their first event (rotated logs may be given in any order)."""
-    keyed = [(_first_time(p), i, p) for i, p in enumerate(paths)]
-    return [p for _, _, p in sorted(keyed, key=lambda t: (t[0] == "", t[0], t[1]))]
 
 
 def _strip(obj: Any) -> Any:
@@ -684,75 +419,6 @@ def _count(value: int | None) -> int | str:
     return format_count(value) if value is None else value
 
 
-def _interesting(line: bytes) -> bool:
-    return any(token in line for token in INTERESTING)
-
-
-_AUDIT_ID = re.compile(rb'"auditID"\s*:\s*"([^"\\]*)"')
-_STAGE = re.compile(rb'"stage"\s*:\s*"([^"\\]*)"')
-_RECEIVED = re.compile(rb'"requestReceivedTimestamp"\s*:\s*"([^"\\]*)"')
-
-
-def _found(pattern: re.Pattern[bytes], line: bytes) -> bytes | None:
-    match = pattern.search(line)
-    return match.group(1) if match else None
-
-
-class _Scanned(NamedTuple):
-    """One audit event line of one file, in the order :func:`heapq.merge` puts the files' lines together.
-
-    ``time``: requestReceivedTimestamp as written ("" when absent); ``key``: a hash of (auditID, stage), None
-    without an auditID; ``event``: the parsed event, or None for a line about a resource of no interest.
-    """
-
-    time: str
-    file: int
-    line: int
-    key: int | None = None
-    source: str = ""
-    event: dict[str, Any] | None = None
-
-    def __lt__(self, other: object) -> bool:  # merge order: time, then file and line
-        if not isinstance(other, _Scanned):
-            return NotImplemented
-        return (self.time, self.file, self.line) < (other.time, other.file, other.line)
-
-
-def _scan(path: Path, index: int, summary: Summary, progress: Progress,
-          problem: Callable[[Problem], None]) -> Iterator[_Scanned]:
-    """The audit event lines of ``path`` (file ``index`` in merge order); other lines are counted or reported.
-
-    A line that mentions no resource of interest is not parsed: its auditID, stage and time are read from the
-    bytes, enough to merge it and to recognise a duplicate.
-    """
-    source = str(path)
-    for lineno, line in iter_lines(path, summary, progress, problem):
-        stripped = line.strip()
-        if not stripped:
-            continue
-        if not _interesting(stripped):
-            if stripped[:1] != b"{" or stripped[-1:] != b"}":
-                problem(Problem(source, lineno, "not a JSON object (truncated or corrupt line)"))
-                continue
-            audit_id, stage = _found(_AUDIT_ID, stripped), _found(_STAGE, stripped)
-            received = _found(_RECEIVED, stripped)
-            key = hash((audit_id, stage)) if audit_id else None
-            yield _Scanned(received.decode("ascii", "replace") if received else "", index, lineno, key, source)
-            continue
-        try:
-            event = json.loads(stripped)
-        except (ValueError, RecursionError) as exc:
-            problem(Problem(source, lineno, f"not JSON ({exc})"))
-            continue
-        if not isinstance(event, dict) or event.get("kind") != "Event":
-            summary.not_audit_events += 1
-            continue
-        audit_id = event.get("auditID")
-        key = hash((str(audit_id).encode(), str(event.get("stage")).encode())) if audit_id else None
-        received = event.get("requestReceivedTimestamp")
-        yield _Scanned(received if isinstance(received, str) else "", index, lineno, key, source, event)
-
-
 def replay(
     paths: Sequence[Path],
     policy: Policy,
@@ -802,7 +468,7 @@ def replay(
             return ""
 
     recent: dict[int, None] = {}  # (auditID, stage) of the last events, oldest first
-    scans = [_scan(path, i, summary, progress, problem) for i, path in enumerate(order_files(paths))]
+    scans = [scan_lines(path, i, summary, progress, problem) for i, path in enumerate(order_files(paths))]
     for item in heapq.merge(*scans):
         if item.key is not None:
             if item.key in recent:
@@ -849,12 +515,3 @@ def replay(
         release(heapq.heappop(heap))
     progress.close()
     return summary
-
-
-def describe_input(paths: Iterable[Path]) -> int:
-    """Total bytes of ``paths`` on disk (the progress bar's total)."""
-    total = 0
-    for p in paths:
-        with contextlib.suppress(OSError):
-            total += os.path.getsize(p)
-    return total

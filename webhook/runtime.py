@@ -22,7 +22,7 @@ def run(settings: Settings) -> int:
     ``--no-generate-certs``, or an unusable state key; it never starts half-configured.
     """
     setup_logging(settings.log_level)
-    from webhook import tls  # noqa: PLC0415
+    from webhook import dev_certs, ssl_context, state_key, tls  # noqa: PLC0415
     from webhook.policy_metrics import PolicyCollector  # noqa: PLC0415
     from webhook.policy_store import PolicyStore  # noqa: PLC0415
     from webhook.serving import GuardApplication, gunicorn_options, start_metrics_server  # noqa: PLC0415
@@ -45,24 +45,24 @@ def run(settings: Settings) -> int:
             if not settings.generate_certs:
                 raise tls.CertificateError(f"{cert_file} or {key_file} is missing (--no-generate-certs)")
             names = list(dict.fromkeys([*tls.DEFAULT_DNS_NAMES, *settings.dns_names]))
-            tls.ensure_dev_certs(settings.cert_dir, names)
+            dev_certs.ensure_dev_certs(settings.cert_dir, names)
             log.warning("generated development certificates in %s (trust %s)", settings.cert_dir,
                         settings.cert_dir / "ca.crt")
         # With --client-ca the handshake verifies any certificate presented; /mutate and /validate then require
         # one, while /healthz and /readyz stay reachable for kubelet's probes, which present none.
-        ssl_source = tls.ReloadingSSLContext(
+        ssl_source = ssl_context.ReloadingSSLContext(
             cert_file, key_file, client_ca=settings.client_ca, client_cert_optional=True
         )
         key_path = settings.state_key_path
         if not key_path.exists() and (settings.state_key_file is not None or not settings.generate_certs):
             # Only the development default (<cert-dir>/state.key) is ever generated: a mistyped path must not
             # give each replica a key of its own.
-            raise tls.StateKeyError(f"state key file {key_path} does not exist")
-        keys = StateKeys(tls.ensure_state_key(key_path))
+            raise state_key.StateKeyError(f"state key file {key_path} does not exist")
+        keys = StateKeys(state_key.ensure_state_key(key_path))
         _check_writable_audit_log(settings.audit_log)
         _check_port_free(settings.port, "HTTPS port", settings.host)
         _check_port_free(settings.metrics_port, "metrics port")
-    except (tls.CertificateError, tls.StateKeyError, OSError, ValueError) as exc:
+    except (tls.CertificateError, state_key.StateKeyError, OSError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     for problem in tls.certificate_problems(cert_file):

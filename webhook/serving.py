@@ -3,8 +3,8 @@
 Why this shape: the apiserver calls webhooks over HTTP/1.1 with keep-alive; gunicorn's sync workers close the
 connection after every response (a TLS handshake per request), so the workers are ``gthread``. gunicorn 27
 opens a control socket under the home directory unless disabled (a read-only root filesystem), so it is
-disabled. The TLS context is ``webhook.tls.ReloadingSSLContext``: rotated certificates are picked up without a
-restart. Each worker builds its own runtime (policy store, cluster view, audit writer) after the fork; the
+disabled. The TLS context is ``webhook.ssl_context.ReloadingSSLContext``: rotated certificates are picked up
+without a restart. Each worker builds its own runtime (policy store, cluster view, audit writer) after the fork; the
 Prometheus multiprocess directory is created in the master before it (the audit writers share no lock a dead
 worker could keep: :mod:`webhook.audit`). SIGTERM: gunicorn stops
 accepting, lets in-flight requests finish (``graceful_timeout``) and exits 0; audit records are written

@@ -49,10 +49,10 @@ def require_tool(name: str, env_var: str, works: list[str]) -> str:
 
 
 def generate_certs(cert_dir: Path) -> None:
-    """What an operator does before applying overlays/default (webhook.tls is the code behind `certs generate`)."""
-    from webhook import tls  # noqa: PLC0415 - only needed where certificates are made
+    """What an operator does before applying overlays/default (webhook.dev_certs: `certs generate`)."""
+    from webhook import dev_certs, tls  # noqa: PLC0415 - only needed where certificates are made
 
-    tls.ensure_dev_certs(cert_dir, dns_names=tls.DEFAULT_DNS_NAMES)
+    dev_certs.ensure_dev_certs(cert_dir, dns_names=tls.DEFAULT_DNS_NAMES)
 
 
 def kustomize(kubectl: str, directory: Path) -> Objects:

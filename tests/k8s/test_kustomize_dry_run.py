@@ -32,11 +32,11 @@ CRD_KINDS = {
 @pytest.fixture(scope="module")
 def deploy_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """deploy/ with overlays/default/certs generated, as after the documented `certs generate`."""
-    from webhook import tls  # noqa: PLC0415
+    from webhook import dev_certs, tls  # noqa: PLC0415
 
     root = tmp_path_factory.mktemp("deploy") / "deploy"
     shutil.copytree(REPO / "deploy", root, ignore=shutil.ignore_patterns("*.crt", "*.key"))
-    tls.ensure_dev_certs(root / "overlays" / "default" / "certs", dns_names=tls.DEFAULT_DNS_NAMES)
+    dev_certs.ensure_dev_certs(root / "overlays" / "default" / "certs", dns_names=tls.DEFAULT_DNS_NAMES)
     return root
 
 

@@ -125,10 +125,10 @@ def test_as_a_listed_writer_the_probe_proves_counts_are_mutable(
 def test_a_wrong_ca_bundle_and_a_missing_guard_fail(
     control_plane: ControlPlane, guard: Guard, tmp_path: Path
 ) -> None:
-    from webhook import tls  # noqa: PLC0415
+    from webhook import dev_certs  # noqa: PLC0415
 
     other = tmp_path / "other-ca"
-    tls.ensure_dev_certs(other, dns_names=["localhost"])
+    dev_certs.ensure_dev_certs(other, dns_names=["localhost"])
     bundle = __import__("base64").b64encode((other / "ca.crt").read_bytes()).decode()
     patch = json.dumps([{"op": "replace", "path": "/webhooks/0/clientConfig/caBundle", "value": bundle}])
     control_plane.kubectl("patch", "mutatingwebhookconfiguration", guard.name, "--type=json", "-p", patch)
@@ -159,13 +159,13 @@ def test_without_cluster_access_it_says_so_with_exit_code_3(control_plane: Contr
 def test_a_guard_behind_a_service_is_checked_through_its_tls_secret_and_deployment(
     control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
 ) -> None:
-    from webhook import tls  # noqa: PLC0415
+    from webhook import dev_certs  # noqa: PLC0415
 
     guard: Guard = guard_factory(register=False)
     namespace = unique("guard-ns")
     name = unique("svc-guard")
     certs = tmp_path / "certs"  # what `csinode-guard certs generate --dns-name csinode-guard.<ns>.svc` makes
-    tls.ensure_dev_certs(certs, dns_names=[f"csinode-guard.{namespace}.svc"])
+    dev_certs.ensure_dev_certs(certs, dns_names=[f"csinode-guard.{namespace}.svc"])
     control_plane.kubectl("create", "namespace", namespace)
     control_plane.kubectl("create", "secret", "tls", "csinode-guard-tls", "-n", namespace,
                           f"--cert={certs / 'tls.crt'}", f"--key={certs / 'tls.key'}")

@@ -14,17 +14,19 @@ import click
 from webhook.auditlog import (
     AuditSummary,
     LogRecord,
-    MissingDependencyError,
     ReadStats,
     RecordFilter,
-    UnsupportedFormatError,
-    build_timeline,
-    off_scale_counts,
     parse_when,
     query,
     read_records,
-    render_timeline,
     summarize,
+)
+from webhook.count_timeline import (
+    MissingDependencyError,
+    UnsupportedFormatError,
+    build_timeline,
+    off_scale_counts,
+    render_timeline,
 )
 
 _DECISIONS = ["allow", "warn", "clamp", "deny", "invalid", "skip", "error"]

@@ -1,4 +1,4 @@
-"""``csinode-guard certs``: create and rotate the webhook's TLS certificates (see ``webhook.tls``)."""
+"""``csinode-guard certs``: create and rotate the TLS certificates (``webhook.dev_certs``, ``.cert_rotation``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 from cryptography import x509
 
-from webhook import tls
+from webhook import cert_rotation, dev_certs, tls
 
 _CERT_DIR_OPTION = click.option(
     "--cert-dir",
@@ -98,7 +98,7 @@ def generate(
     """
     names = _dns_names(dns_names, service, namespace) or list(tls.DEFAULT_DNS_NAMES)
     try:
-        paths = tls.ensure_dev_certs(
+        paths = dev_certs.ensure_dev_certs(
             cert_dir, names, ip_addresses=ip_addresses, valid_days=valid_days, force=force
         )
     except (tls.CertificateError, ValueError) as exc:
@@ -143,7 +143,7 @@ def rotate(
         raise click.UsageError("--new-ca and --finish are separate steps; pass one of them")
     names = _dns_names(dns_names, service, namespace) or None
     try:
-        paths = tls.rotate(
+        paths = cert_rotation.rotate(
             cert_dir,
             names,
             ip_addresses=ip_addresses or None,

@@ -14,8 +14,9 @@ import yaml
 from webhook.cluster import ClusterView, UnknownClusterView
 from webhook.evaluation import Mode, evaluate, explain
 from webhook.facts import FactsError, view_from_facts
-from webhook.policy import PolicyError, load_policy, load_yaml
+from webhook.policy import PolicyError, load_policy
 from webhook.review import ReviewError, build_response, parse_review
+from webhook.safe_yaml import load_yaml
 from webhook.state import StateKeys, parse_time
 
 
@@ -26,7 +27,7 @@ class InputError(click.ClickException):
 
 
 def _keys(path: Path | None) -> tuple[StateKeys, str]:
-    from webhook.tls import StateKeyError, ensure_state_key  # noqa: PLC0415
+    from webhook.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
 
     if path is None:
         default = Path("certs/state.key")

@@ -8,19 +8,12 @@ from pathlib import Path
 import click
 import yaml
 
-from webhook.policy import PolicyError, load_policy, load_profile, load_yaml
-from webhook.policytest import (
-    KIND as TEST_KIND,
-)
-from webhook.policytest import (
-    PolicyTestError,
-    find_test_files,
-    format_junit,
-    format_text,
-    load_test_file,
-    run_test_file,
-    totals,
-)
+from webhook.policy import PolicyError, load_policy, load_profile
+from webhook.policytest import run_test_file
+from webhook.policytest_files import KIND as TEST_KIND
+from webhook.policytest_files import PolicyTestError, find_test_files, load_test_file
+from webhook.policytest_report import format_junit, format_text, totals
+from webhook.safe_yaml import load_yaml
 from webhook.vap import VAP_NAME, export_vap
 
 

@@ -13,8 +13,11 @@ import yaml
 
 from webhook.durations import parse_duration
 from webhook.facts import FactsError, view_from_facts
-from webhook.policy import PolicyError, load_policy, load_yaml
-from webhook.replay import FACT_RESOURCES, Problem, Progress, Row, Summary, describe_input, replay
+from webhook.policy import PolicyError, load_policy
+from webhook.replay import replay
+from webhook.replay_input import Progress, describe_input
+from webhook.replay_results import FACT_RESOURCES, Problem, Row, Summary
+from webhook.safe_yaml import load_yaml
 
 _COLUMNS = (("TIME", 24), ("NODE", 34), ("DRIVER", 24), ("OLD -> NEW", 22), ("FINAL", 9), ("DECISION", 9))
 

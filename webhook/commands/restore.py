@@ -73,7 +73,7 @@ def _unverified_warning(count: int | None) -> str:
 
 
 def _load_keys(path: Path) -> tuple[StateKeys, str]:
-    from webhook.tls import StateKeyError, ensure_state_key  # noqa: PLC0415
+    from webhook.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
 
     try:
         return StateKeys(ensure_state_key(path)), str(path)

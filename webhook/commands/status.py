@@ -108,7 +108,7 @@ def read_cluster(client: kubeapi.KubeClient, selector: str | None) -> tuple[list
 
 
 def _keys(path: Path) -> StateKeys:
-    from webhook.tls import StateKeyError, ensure_state_key  # noqa: PLC0415
+    from webhook.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
 
     try:
         return StateKeys(ensure_state_key(path))
