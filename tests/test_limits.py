@@ -19,7 +19,7 @@ import yaml
 from benchmarks.reviews import BENCH_KEY, NOW
 from tests.conftest import REPO
 from tests.kube import EBS, base_csinode, driver_entry, kubelet_update, review, with_annotation
-from webhook.audit import build_records, encode_record
+from webhook.audit_records import build_records, encode_record
 from webhook.cluster import UnknownClusterView
 from webhook.evaluation import Decision, Mode, evaluate
 from webhook.policy import PolicyError, load_policy

@@ -62,7 +62,7 @@ from typing import IO, Any, NamedTuple
 
 import jsonpatch
 
-from webhook.audit import build_records
+from webhook.audit_records import build_records
 from webhook.budget import IncreaseBudget
 from webhook.chain import admit_write
 from webhook.cluster import AttachError, StaticClusterView

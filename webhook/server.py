@@ -23,7 +23,8 @@ from flask import Flask, Response, current_app, request
 from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from webhook import metrics
-from webhook.audit import AuditWriter, build_records
+from webhook.audit import AuditWriter
+from webhook.audit_records import build_records
 from webhook.budget import IncreaseBudget
 from webhook.cluster import ClusterView
 from webhook.csinode import format_count
