@@ -10,12 +10,13 @@ for the writes it judges.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import orjson
 
-from webhook.evaluation import AdmissionDecision, Mode, RuleOutcome
+from webhook.evaluation import AdmissionDecision, Mode, Note, RuleOutcome
 from webhook.policy import EnforcementAction
 from webhook.review import AdmissionRequest
 from webhook.state import format_time
@@ -39,10 +40,11 @@ def _rule(o: RuleOutcome) -> dict[str, Any]:
     }
 
 
-def _capped(notes: list[str]) -> list[str]:
+def _capped(notes: Sequence[Note]) -> list[str]:
+    """The notes' texts, at most ``MAX_NOTES`` (the last then counts the others)."""
     if len(notes) <= MAX_NOTES:
-        return notes
-    return [*notes[: MAX_NOTES - 1], f"... and {len(notes) - MAX_NOTES + 1} more notes"]
+        return [n.text for n in notes]
+    return [*(n.text for n in notes[: MAX_NOTES - 1]), f"... and {len(notes) - MAX_NOTES + 1} more notes"]
 
 
 def build_records(
@@ -59,8 +61,9 @@ def build_records(
 
     A change's record carries its own rule results, the request-level ones, and, when the request was refused,
     the lines of the refusal about this change (or, for a change refused only because another one was, which
-    drivers those are); notes are the ones about its driver (the first record also gets the others). So the
-    records of a request grow with its number of changes, never with its square.
+    drivers those are); notes are the ones about its driver (:attr:`webhook.evaluation.Note.driver`; the first
+    record also gets the others). So the records of a request grow with its number of changes, never with its
+    square.
     """
     base: dict[str, Any] = {
         "time": format_time(now),
@@ -93,7 +96,7 @@ def build_records(
         if refused:
             record["message"] = decision.response.message
         if decision.notes:
-            record["notes"] = _capped(list(decision.notes))
+            record["notes"] = _capped(decision.notes)
         return [record]
     denying: list[str] = []  # drivers with a violation that denied the request, in order
     request_lines: list[str] = []
@@ -105,14 +108,13 @@ def build_records(
                 elif not denying or denying[-1] != o.driver:
                     denying.append(o.driver)
     drivers = {c.change.driver for c in decision.changes}
-    own_notes: dict[str, list[str]] = {}
-    other_notes: list[str] = []
+    own_notes: dict[str, list[Note]] = {}
+    other_notes: list[Note] = []
     for note in decision.notes:
-        about = _note_driver(note, decision.node, drivers)
-        if about is None:
-            other_notes.append(note)
+        if note.driver is not None and note.driver in drivers:
+            own_notes.setdefault(note.driver, []).append(note)
         else:
-            own_notes.setdefault(about, []).append(note)
+            other_notes.append(note)
     records: list[dict[str, Any]] = []
     for change in decision.changes:
         driver = change.change.driver
@@ -145,18 +147,6 @@ def build_records(
             record["frozen"] = True
         records.append(record)
     return records
-
-
-def _note_driver(note: str, node: str, drivers: set[str]) -> str | None:
-    """The changed driver a note is about (``<node>/<driver>: ...`` or ``justification for <driver> ...``)."""
-    for prefix in (f"{node}/", "justification for "):
-        if note.startswith(prefix):
-            rest = note[len(prefix) :]
-            for sep in (": ", " "):
-                candidate = rest.split(sep, 1)[0]
-                if candidate in drivers:
-                    return candidate
-    return None
 
 
 _ORJSON_OPTIONS = (

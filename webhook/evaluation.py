@@ -100,6 +100,31 @@ class Decision(enum.StrEnum):
     SKIP = "skip"
 
 
+class Note(str):
+    """A note of an evaluation (a warning that no rule raised): its text, and the changed driver it is about.
+
+    A ``str`` whose value is the text, so whatever reads notes as text (AdmissionResponse warnings, logs,
+    :func:`explain`) reads them as before; ``driver`` names the driver the note is about (None: the request, an
+    annotation, or no driver), which the audit record of that driver's change carries
+    (:func:`webhook.audit_records.build_records`) without parsing the text.
+    """
+
+    driver: str | None
+
+    def __new__(cls, text: str, driver: str | None = None) -> Note:
+        note = super().__new__(cls, text)
+        note.driver = driver
+        return note
+
+    @property
+    def text(self) -> str:
+        """The note's text as a plain ``str``."""
+        return str.__str__(self)
+
+    def __repr__(self) -> str:
+        return f"Note({self.text!r}, driver={self.driver!r})"
+
+
 class RuleOutcome(NamedTuple):
     """One rule's result for one change (``driver`` None: a request-level finding); an immutable named tuple
     (five or more per review: cheaper to build than a frozen dataclass).
@@ -150,7 +175,8 @@ class AdmissionDecision(NamedTuple):
     in_scope: bool = True
     approvals_recorded: int = 0
     new_state: GuardState | None = None
-    notes: tuple[str, ...] = ()
+    notes: tuple[Note, ...] = ()
+    """Notes of the evaluation, in order; they are also the last warnings of the response."""
 
     @property
     def fired_rules(self) -> list[str]:
@@ -226,7 +252,7 @@ def _skip(warning: str | None = None) -> AdmissionDecision:
             audit_annotations={"decision": Decision.SKIP.value},
         ),
         decision=Decision.SKIP,
-        notes=(warning,) if warning else (),
+        notes=(Note(warning),) if warning else (),
     )
 
 
@@ -373,7 +399,7 @@ def _version_pass_reason(ctx: RuleContext) -> str:
     return f"{what}; writer-version.onUnknown: {ctx.driver_policy.rules.version_on_unknown} applied"
 
 
-def _capacity_note(change: CountChange, errors: Sequence[AttachError] | None, fraction: float) -> str | None:
+def _capacity_note(change: CountChange, errors: Sequence[AttachError] | None, fraction: float) -> Note | None:
     if change.is_increase or change.old is None or change.new is None or not errors:
         return None
     if change.old == 0 or (change.old - change.new) / change.old < fraction:
@@ -384,9 +410,10 @@ def _capacity_note(change: CountChange, errors: Sequence[AttachError] | None, fr
     for e in errors:
         counts[e.error_class.value] = counts.get(e.error_class.value, 0) + 1
     listed = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-    return (
+    return Note(
         f"{change.node}/{change.driver}: {format_count(change.old)} -> {format_count(change.new)} coincides only "
-        f"with non-capacity attach errors ({listed}); lowering the count on any attach failure is a driver mistake"
+        f"with non-capacity attach errors ({listed}); lowering the count on any attach failure is a driver mistake",
+        change.driver,
     )
 
 
@@ -472,7 +499,7 @@ class _Evaluation:
         self.findings: list[_Finding] = []
         self.findings_by_change: dict[int, list[_Finding]] = {}  # by id() of the CountChange: linear in drivers
         self.outcomes: list[RuleOutcome] = []
-        self.notes: list[str] = []
+        self.notes: list[Note] = []
         self.contexts: dict[str, RuleContext] = {}
         self.exempt = policy.exemptions.contains(request.username, request.groups)
         self.labels = cluster.node_labels(self.node)
@@ -556,9 +583,10 @@ class _Evaluation:
             # deny acts as clamp for the node's kubelet: to the count the denial would have kept (the stored one).
             effective = EnforcementAction.CLAMP
             v = v._replace(clamp_to=change.old)
-            note = (
+            note = Note(
                 f"{self.node}/{change.driver}: {v.rule} deny acts as clamp for the node's kubelet "
-                f"(to the stored count {format_count(change.old)}; kubelet's write succeeds)"
+                f"(to the stored count {format_count(change.old)}; kubelet's write succeeds)",
+                change.driver,
             )
             if note not in self.notes:
                 self.notes.append(note)
@@ -606,14 +634,16 @@ class _Evaluation:
             parsed = parse_justifications(new_value)
         except JustificationError as exc:
             if self.never_refused:
-                self.notes.append(f"{JUSTIFICATION_ANNOTATION} not recorded: {exc}")
+                self.notes.append(Note(f"{JUSTIFICATION_ANNOTATION} not recorded: {exc}"))
                 self.restore_annotations.append(JUSTIFICATION_ANNOTATION)
                 return None
             return _invalid(str(exc))
         known = {(a.driver, a.min_count, a.max_count, a.expires, a.reason, a.ticket) for a in self.approvals}
         for j in parsed:
             if j.expires <= self.now:
-                self.notes.append(f"justification for {j.driver} expired at {j.expires.isoformat()}; not recorded")
+                self.notes.append(
+                    Note(f"justification for {j.driver} expired at {j.expires.isoformat()}; not recorded", j.driver)
+                )
                 continue
             approval = Approval(
                 driver=j.driver,
@@ -668,7 +698,7 @@ class _Evaluation:
             raw = new_value or ""
             versions = (_published_versions if len(raw) <= MAX_REMEMBERED_ANNOTATION else _decode_versions)(raw)
             if new_value and not versions:
-                self.notes.append(f"{annotation} is not a JSON object of driver versions; nothing recorded")
+                self.notes.append(Note(f"{annotation} is not a JSON object of driver versions; nothing recorded"))
             for driver, version in versions.items():
                 if not isinstance(version, str) or not version:
                     continue
@@ -708,10 +738,11 @@ class _Evaluation:
             if entry is None or not _above(c.old, entry.count):
                 changes.append(c)
                 continue
-            self.notes.append(
+            self.notes.append(Note(
                 f"{self.node}/{c.driver}: the stored count {format_count(c.old)} is above the last count "
-                f"csinode-guard accepted ({format_count(entry.count)}): judged from {format_count(entry.count)}"
-            )
+                f"csinode-guard accepted ({format_count(entry.count)}): judged from {format_count(entry.count)}",
+                c.driver,
+            ))
             rebased = c._replace(old=entry.count)
             if rebased.old == rebased.new and not rebased.registration:
                 continue
@@ -724,11 +755,12 @@ class _Evaluation:
             if name in touched or entry is None or name not in self.old.drivers:
                 continue
             if _above(driver.allocatable_count, entry.count):
-                self.notes.append(
+                self.notes.append(Note(
                     f"{self.node}/{name}: the stored count {format_count(driver.allocatable_count)} is above the "
                     f"last count csinode-guard accepted ({format_count(entry.count)}); it went through unjudged "
-                    "and is judged now"
-                )
+                    "and is judged now",
+                    name,
+                ))
                 self.soft_drivers.add(name)
                 self.stored_before[name] = driver.allocatable_count
                 changes.append(CountChange(self.node, name, entry.count, driver.allocatable_count, driver.position))
@@ -1143,7 +1175,7 @@ def unjudged(request: AdmissionRequest) -> AdmissionDecision:
                 message="csinode-guard could not judge this write (internal error) nor read its objects",
             ),
             decision=Decision.INVALID,
-            notes=("internal error: unreadable objects refused",),
+            notes=(Note("internal error: unreadable objects refused"),),
         )
     if rising:
         listed = ", ".join(f"{c.driver}: {format_count(c.old)} -> {format_count(c.new)}" for c in rising[:5])
@@ -1157,7 +1189,7 @@ def unjudged(request: AdmissionRequest) -> AdmissionDecision:
             ),
             decision=Decision.DENY,
             node=new.name or old.name or request.name,
-            notes=("internal error: count increases refused unjudged",),
+            notes=(Note("internal error: count increases refused unjudged"),),
         )
     return AdmissionDecision(
         response=AdmissionResponse(
@@ -1167,7 +1199,7 @@ def unjudged(request: AdmissionRequest) -> AdmissionDecision:
             audit_annotations=annotations,
         ),
         decision=Decision.SKIP,
-        notes=("internal error: admitted unjudged",),
+        notes=(Note("internal error: admitted unjudged"),),
     )
 
 
