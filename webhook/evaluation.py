@@ -61,8 +61,8 @@ from webhook.patch import (
 )
 from webhook.policy import STATE_INTEGRITY, DriverPolicy, EnforcementAction, Policy
 from webhook.review import AdmissionRequest, AdmissionResponse
-from webhook.rules import RULES
-from webhook.rules.base import RuleContext, Violation, Writer
+from webhook.rules import RULES, change_rate
+from webhook.rules.base import BudgetAnswer, RuleContext, Violation, Writer
 from webhook.rules.change_rate import RULE_ID as CHANGE_RATE
 from webhook.rules.change_rate import min_interval
 from webhook.rules.writer_identity import RULE_ID as WRITER_IDENTITY
@@ -499,6 +499,7 @@ class _Evaluation:
         self.findings: list[_Finding] = []
         self.findings_by_change: dict[int, list[_Finding]] = {}  # by id() of the CountChange: linear in drivers
         self.outcomes: list[RuleOutcome] = []
+        self.outcomes_from: dict[int, int] = {}  # id() of a judged CountChange -> index of its first outcome
         self.notes: list[Note] = []
         self.contexts: dict[str, RuleContext] = {}
         self.exempt = policy.exemptions.contains(request.username, request.groups)
@@ -575,9 +576,23 @@ class _Evaluation:
             return EnforcementAction.DENY
         return action
 
-    def _add(self, change: CountChange | None, v: Violation, *, replaces: int | None = None) -> None:
-        """Record a finding; ``replaces`` is the index of an earlier "pass" outcome of the same rule and change
-        (change-rate before the budget check), which the violation takes the place of."""
+    def _passed_at(self, change: CountChange, rule: str) -> int | None:
+        """The index of ``rule``'s "pass" outcome on ``change``, if it has one (among the change's own outcomes:
+        :meth:`_judge` records them together)."""
+        start = self.outcomes_from.get(id(change))
+        if start is None:
+            return None
+        for i in range(start, len(self.outcomes)):
+            o = self.outcomes[i]
+            if o.driver != change.driver:
+                return None
+            if o.rule == rule and o.result == "pass":
+                return i
+        return None
+
+    def _add(self, change: CountChange | None, v: Violation) -> None:
+        """Record a finding. A rule has one outcome per change: a pass, or its violations; so a violation found
+        once the rule knows more (change-rate, given the cluster budget's answer) takes the place of its pass."""
         effective = self._effective(v, change)
         if effective is EnforcementAction.DENY and change is not None and self._keeps_stored_count(v, change):
             # deny acts as clamp for the node's kubelet: to the count the denial would have kept (the stored one).
@@ -590,7 +605,8 @@ class _Evaluation:
             )
             if note not in self.notes:
                 self.notes.append(note)
-        at = len(self.outcomes) if replaces is None else replaces
+        passed = self._passed_at(change, v.rule) if change is not None else None
+        at = len(self.outcomes) if passed is None else passed
         finding = _Finding(change, v, effective, at)
         self.findings.append(finding)
         if change is not None:
@@ -786,6 +802,7 @@ class _Evaluation:
             resolved_ceiling=dp.ceiling.resolve(self.labels),
         )
         self.contexts[change.driver] = ctx
+        self.outcomes_from[id(change)] = len(self.outcomes)
         for rule_id, check in RULES:
             found = check(ctx)
             if not found:
@@ -799,7 +816,8 @@ class _Evaluation:
             self.notes.append(note)
 
     def _check_budget(self, finals: Mapping[str, int | None], changes: Sequence[CountChange]) -> bool:
-        """Take the admitted increases from the cluster-wide budget; True when it was used up (findings added)."""
+        """Ask the cluster-wide budget for the increases the request would admit (taking them; a dry run only
+        looks) and let change-rate judge each with its answer; True when that found something (it was used up)."""
         if self.budget is None or self.mode is not Mode.MUTATE:
             return False
         rising = [c for c in changes if not c.registration and self._rises(c, finals[c.driver])]
@@ -807,26 +825,18 @@ class _Evaluation:
             return False
         if self.request.dry_run:
             # A dry run gets the decision a real request would get, but takes nothing from the budget.
-            if self.budget.available(self.budget_clock) + 1e-9 >= len(rising):
-                return False
-        elif self.budget.take(len(rising), self.budget_clock):
-            return False
-        passed = {o.driver: i for i, o in enumerate(self.outcomes) if o.rule == CHANGE_RATE and o.result == "pass"}
+            room = self.budget.available(self.budget_clock) + 1e-9 >= len(rising)
+        else:
+            room = self.budget.take(len(rising), self.budget_clock)
+        answer = BudgetAnswer(self.budget.rate, self.budget.burst, room)
+        found = False
         for c in rising:
-            self._add(
-                c,
-                Violation(
-                    rule=CHANGE_RATE,
-                    action=self.policy.for_driver(c.driver).rules.rate_action,
-                    why=f"the cluster-wide increase budget ({self.budget.rate:g}/s, burst {self.budget.burst}) "
-                    "is used up",
-                    proceed="kubelet retries at its next update period; many nodes raising counts at once "
-                    "is worth a look",
-                    clamp_to=c.old,
-                ),
-                replaces=passed.get(c.driver),
-            )
-        return True
+            ctx = self.contexts[c.driver]._replace(cluster_budget=answer)
+            self.contexts[c.driver] = ctx
+            for v in change_rate.check_budget(ctx):
+                self._add(c, v)
+                found = True
+        return found
 
     def _denial_lines(self, denied: Sequence[_Finding], finals: Mapping[str, int | None]) -> tuple[
         list[str], list[str]
