@@ -184,14 +184,12 @@ def _require(mapping: Mapping[str, Any], key: str, kind: type, where: str) -> An
     return value
 
 
-def _text(mapping: Mapping[str, Any], key: str, where: str) -> str:
-    """An optional string field ("" when absent or null); raises :class:`MalformedReviewError` for any other type."""
-    value = mapping.get(key)
-    if value is None:
-        return ""
-    if type(value) is not str:
-        raise MalformedReviewError(f"{where}.{key} must be a string")
-    return value
+def _check_texts(mapping: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
+    """Optional string fields (absent or null read as ""): raises :class:`MalformedReviewError` for another type."""
+    for key in keys:
+        value = mapping.get(key)
+        if value is not None and type(value) is not str:
+            raise MalformedReviewError(f"{where}.{key} must be a string")
 
 
 def decode_json(body: bytes | str) -> Any:
@@ -248,11 +246,9 @@ def check_review(doc: Any) -> AdmissionReviewRequest:
         raise MalformedReviewError("request.oldObject must be an object or null")
     if not isinstance(request.get("dryRun", False), bool):
         raise MalformedReviewError("request.dryRun must be a boolean")
-    for key in ("group", "version", "resource"):
-        _text(resource, key, "request.resource")
-    _text(request, "subResource", "request")
-    _text(request, "name", "request")
-    _text(user, "username", "request.userInfo")
+    _check_texts(resource, ("group", "version", "resource"), "request.resource")
+    _check_texts(request, ("subResource", "name"), "request")
+    _check_texts(user, ("username",), "request.userInfo")
     return cast(AdmissionReviewRequest, doc)
 
 
