@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from webhook.evaluation import AdmissionDecision, Mode, Note, RuleOutcome
+from webhook.decision import AdmissionDecision, Mode, Note, RuleOutcome
 from webhook.policy import EnforcementAction
 from webhook.review import AdmissionRequest
 from webhook.state import format_time
@@ -61,7 +61,7 @@ def build_records(
 
     A change's record carries its own rule results, the request-level ones, and, when the request was refused,
     the lines of the refusal about this change (or, for a change refused only because another one was, which
-    drivers those are); notes are the ones about its driver (:attr:`webhook.evaluation.Note.driver`; the first
+    drivers those are); notes are the ones about its driver (:attr:`webhook.decision.Note.driver`; the first
     record also gets the others). So the records of a request grow with its number of changes, never with its
     square.
     """

@@ -3,7 +3,8 @@
 Data flows one way: AdmissionRequest -> CSINode diff -> rules (with the verified state, cluster facts and
 justifications) -> combined decision -> AdmissionResponse (patch, warnings, audit annotations). No I/O: the
 cluster view answers from memory and the clock is an argument, so the same inputs always give the same
-decision (tests, ``policy test``, ``replay``).
+decision (tests, ``policy test``, ``replay``). The decision's types (:class:`AdmissionDecision` and its parts)
+live in :mod:`webhook.decision` and are importable from here too.
 
 Combination: every rule runs on every change. Scope (``spec.enforcementScope``) and exemptions turn findings
 into ``dryrun`` (exempt principals are evaluated and audited as if enforced, but never blocked); /validate turns
@@ -30,14 +31,13 @@ the write does not touch).
 
 from __future__ import annotations
 
-import enum
 import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 from webhook.budget import IncreaseBudget
 from webhook.cluster import AttachError, AttachErrorClass, ClusterView
@@ -49,6 +49,16 @@ from webhook.csinode import (
     format_count,
     parse_csinode,
     removed_drivers,
+)
+from webhook.decision import (
+    AdmissionDecision,
+    ChangeOutcome,
+    Decision,
+    Mode,
+    Note,
+    RuleOutcome,
+    explain,
+    response_summary,
 )
 from webhook.justification import JUSTIFICATION_ANNOTATION, JustificationError, parse_justifications
 from webhook.patch import (
@@ -81,111 +91,19 @@ from webhook.state import (
 )
 from webhook.versions import is_valid_version
 
-
-class Mode(enum.StrEnum):
-    """Which endpoint asks: /mutate may clamp and writes state; /validate checks the final object."""
-
-    MUTATE = "mutate"
-    VALIDATE = "validate"
-
-
-class Decision(enum.StrEnum):
-    """The outcome label used in metrics, audit records and auditAnnotations."""
-
-    ALLOW = "allow"
-    WARN = "warn"
-    CLAMP = "clamp"
-    DENY = "deny"
-    INVALID = "invalid"
-    SKIP = "skip"
-
-
-class Note(str):
-    """A note of an evaluation (a warning that no rule raised): its text, and the changed driver it is about.
-
-    A ``str`` whose value is the text, so whatever reads notes as text (AdmissionResponse warnings, logs,
-    :func:`explain`) reads them as before; ``driver`` names the driver the note is about (None: the request, an
-    annotation, or no driver), which the audit record of that driver's change carries
-    (:func:`webhook.audit_records.build_records`) without parsing the text.
-    """
-
-    driver: str | None
-
-    def __new__(cls, text: str, driver: str | None = None) -> Note:
-        note = super().__new__(cls, text)
-        note.driver = driver
-        return note
-
-    @property
-    def text(self) -> str:
-        """The note's text as a plain ``str``."""
-        return str.__str__(self)
-
-    def __repr__(self) -> str:
-        return f"Note({self.text!r}, driver={self.driver!r})"
-
-
-class RuleOutcome(NamedTuple):
-    """One rule's result for one change (``driver`` None: a request-level finding); an immutable named tuple
-    (five or more per review: cheaper to build than a frozen dataclass).
-
-    ``result`` is ``pass`` or ``violation``; ``enforcement`` the configured action, ``effective`` what it did
-    after scope, exemptions and mode. ``message`` is the full ``[rule] node/driver: old -> new: why; how``
-    line for violations, a short explanation for passes.
-    """
-
-    rule: str
-    driver: str | None
-    result: str
-    enforcement: EnforcementAction | None
-    effective: EnforcementAction | None
-    message: str
-
-
-class ChangeOutcome(NamedTuple):
-    """What happened to one count change: requested ``new``, admitted ``final`` (None = unbounded)."""
-
-    change: CountChange
-    final: int | None
-    writer_version: str | None
-    correction: str | None = None
-    frozen: bool = False
-    notes: tuple[str, ...] = ()
-    stored: tuple[int | None, ...] = ()
-    """The count the object held before the write, when it is not ``change.old`` (an entry judged from the last
-    count the guard accepted, after a write that went through unjudged); empty otherwise."""
-
-    @property
-    def before(self) -> int | None:
-        """The count the object held before the write (what a refusal keeps)."""
-        return self.stored[0] if self.stored else self.change.old
-
-
-class AdmissionDecision(NamedTuple):
-    """The result of :func:`evaluate`: the AdmissionResponse plus everything audit and metrics need."""
-
-    response: AdmissionResponse
-    decision: Decision
-    node: str = ""
-    outcomes: tuple[RuleOutcome, ...] = ()
-    changes: tuple[ChangeOutcome, ...] = ()
-    state_problem: StateProblem | None = None
-    state_detail: str = ""
-    exempt: bool = False
-    in_scope: bool = True
-    approvals_recorded: int = 0
-    new_state: GuardState | None = None
-    notes: tuple[Note, ...] = ()
-    """Notes of the evaluation, in order; they are also the last warnings of the response."""
-
-    @property
-    def fired_rules(self) -> list[str]:
-        """Ids of rules with a violation, in order, without repeats."""
-        seen: list[str] = []
-        for o in self.outcomes:
-            if o.result == "violation" and o.rule not in seen:
-                seen.append(o.rule)
-        return seen
+__all__ = [
+    "AdmissionDecision",
+    "ChangeOutcome",
+    "Decision",
+    "Mode",
+    "Note",
+    "RuleOutcome",
+    "evaluate",
+    "explain",
+    "response_summary",
+    "unjudged",
+]
+"""The evaluation's public API; the decision's types and renderings live in :mod:`webhook.decision`."""
 
 
 @dataclass
@@ -433,7 +351,8 @@ def evaluate(
     ``cluster`` answers node labels, versions, attach errors and driver periods (None = unknown); ``keys``
     verify the state on ``oldObject`` and sign the new one. ``budget`` (only consulted in /mutate; a dry-run
     request is judged against it without taking from it) is the per-replica cluster-wide increase budget, read
-    with ``budget_clock`` seconds.
+    with ``budget_clock`` seconds: an input of change-rate, asked once every rule judged every change, for the
+    increases the request would then admit.
 
     Never raises for bad input: an UPDATE without ``oldObject`` or with an object that is not a CSINode gives an
     ``invalid`` decision (``allowed: false``, code 400). A CREATE is judged as the registration of each of its
@@ -1211,30 +1130,3 @@ def unjudged(request: AdmissionRequest) -> AdmissionDecision:
         decision=Decision.SKIP,
         notes=(Note("internal error: admitted unjudged"),),
     )
-
-
-def explain(decision: AdmissionDecision) -> list[str]:
-    """One human-readable line per rule outcome (``evaluate`` CLI, ``policy test`` diffs)."""
-    lines = []
-    for o in decision.outcomes:
-        where = o.driver or "(request)"
-        if o.result == "pass":
-            lines.append(f"{o.rule:16} {where}: pass - {o.message}")
-        else:
-            effective = o.effective.value if o.effective else "?"
-            configured = o.enforcement.value if o.enforcement else "?"
-            lines.append(f"{o.rule:16} {where}: violation ({configured} -> {effective}) - {o.message}")
-    for note in decision.notes:
-        lines.append(f"note: {note}")
-    if decision.state_problem is not None and decision.state_problem is not StateProblem.MISSING:
-        lines.append(f"state: ignored ({decision.state_problem.value}: {decision.state_detail}); entries judged as new")
-    return lines
-
-
-def response_summary(decision: AdmissionDecision) -> dict[str, Any]:
-    """A compact dict of a decision (decision, fired rules, finals) for CLIs and tests."""
-    return {
-        "decision": decision.decision.value,
-        "rules": decision.fired_rules,
-        "finals": {c.change.driver: c.final for c in decision.changes},
-    }

@@ -30,7 +30,8 @@ from webhook.audit_records import build_records
 from webhook.budget import IncreaseBudget
 from webhook.cluster import ClusterView
 from webhook.csinode import format_count
-from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate, unjudged
+from webhook.decision import AdmissionDecision, Decision, Mode
+from webhook.evaluation import evaluate, unjudged
 from webhook.policy import Policy
 from webhook.policy_store import PolicyStore
 from webhook.review import (
