@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks.reviews import BENCH_KEY
 from webhook import state as state_module
-from webhook.audit import build_records, encode_record
+from webhook.audit_records import build_records, encode_record
 from webhook.cluster import UnknownClusterView
 from webhook.evaluation import Mode, evaluate
 from webhook.gctuning import settle_for_requests

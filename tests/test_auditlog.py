@@ -1,7 +1,7 @@
 """``csinode-guard audit summary|query|timeline`` over the guard's own audit log, rotated and gzipped.
 
 The log is written the way the server writes it: each write goes through /mutate, its patch and /validate
-(``webhook.chain``), and ``webhook.audit.build_records`` makes the records of both endpoints.
+(``webhook.chain``), and ``webhook.audit_records.build_records`` makes the records of both endpoints.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 from tests.conftest import REPO
 from tests.kube import EBS, KUBELET, NODE, NODE_GROUPS, base_csinode, kubelet_update, with_annotation
-from webhook.audit import build_records
+from webhook.audit_records import build_records
 from webhook.auditlog import ReadStats, RecordFilter, expand_rotated, parse_when, query, read_records
 from webhook.chain import admit_write
 from webhook.cluster import AttachError, StaticClusterView

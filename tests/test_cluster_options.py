@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.clirun import run_cli
-from webhook import tls
+from webhook import dev_certs
 
 BROKEN_KUBECONFIG = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"
 """A kubeconfig that parses but has no current-context: the client's ConfigException."""
@@ -28,7 +28,7 @@ COMMANDS = [
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory with ``certs/`` (for register) and the broken kubeconfig ``broken.yaml``."""
     root = tmp_path_factory.mktemp("cluster-options")
-    tls.ensure_dev_certs(root / "certs")
+    dev_certs.ensure_dev_certs(root / "certs")
     (root / "broken.yaml").write_text(BROKEN_KUBECONFIG)
     return root
 

@@ -34,6 +34,7 @@ from webhook.cluster import UnknownClusterView
 from webhook.evaluation import Mode, evaluate
 from webhook.policy import PolicyError, bundled_policy_path, load_policy, parse_policy
 from webhook.review import ReviewError, build_response, decode_json, parse_review
+from webhook.server import review_error_status
 from webhook.state import StateKeys
 
 POLICY = load_policy(None)
@@ -80,7 +81,7 @@ def test_any_body_is_refused_with_review_error_or_answered_with_a_well_formed_re
     try:
         request = parse_review(body)
     except ReviewError as exc:
-        assert exc.http_status == 400 and exc.message
+        assert review_error_status(exc) == 400 and exc.message
         return
     decision = evaluate(request, POLICY, UnknownClusterView(), now, KEYS, mode=Mode(mode))
     document = build_response(request.uid, decision.response, allow_patch=mode == "mutate")

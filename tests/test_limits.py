@@ -19,11 +19,12 @@ import yaml
 from benchmarks.reviews import BENCH_KEY, NOW
 from tests.conftest import REPO
 from tests.kube import EBS, base_csinode, driver_entry, kubelet_update, review, with_annotation
-from webhook.audit import build_records, encode_record
+from webhook.audit_records import build_records, encode_record
 from webhook.cluster import UnknownClusterView
 from webhook.evaluation import Decision, Mode, evaluate
 from webhook.policy import PolicyError, load_policy
 from webhook.review import ReviewError, build_response, parse_review
+from webhook.server import review_error_status
 from webhook.state import STATE_ANNOTATION, StateKeys, StateProblem
 
 POLICY = load_policy(None)
@@ -74,7 +75,7 @@ def test_a_huge_integer_anywhere_in_the_body_is_a_400_not_json() -> None:
     text = json.dumps(doc).replace(HUGE[:4000], HUGE)
     with pytest.raises(ReviewError, match="body is not JSON") as caught:
         parse_review(text.encode())
-    assert caught.value.http_status == 400
+    assert review_error_status(caught.value) == 400
 
 
 @pytest.mark.parametrize("digits", [20, 300, 400, 4000])

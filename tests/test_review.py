@@ -15,12 +15,17 @@ from webhook.review import (
     KIND,
     MAX_WARNING_LENGTH,
     AdmissionResponse,
+    MalformedReviewError,
+    NotJSONError,
     ReviewError,
+    UnsupportedVersionError,
     build_response,
+    check_review,
     clean_warning,
     parse_review,
     peek_uid,
 )
+from webhook.server import REVIEW_ERROR_STATUS, review_error_status
 
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
 
@@ -178,8 +183,49 @@ def test_parse_review_tolerates_a_request_without_user_info() -> None:
 def test_parse_review_refuses_an_unusable_body_with_http_400(body: str | bytes, message: str) -> None:
     with pytest.raises(ReviewError, match=message) as caught:
         parse_review(body)
-    assert caught.value.http_status == 400
+    assert review_error_status(caught.value) == 400
     assert caught.value.message == str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        pytest.param(b"{not json", NotJSONError, id="a body that is not JSON is NotJSONError"),
+        pytest.param(b"\xff\xfe\xfa", NotJSONError, id="bytes that are not text are NotJSONError"),
+        pytest.param(edited(lambda d: d.update(apiVersion="admission.k8s.io/v1beta1")), UnsupportedVersionError,
+                     id="an AdmissionReview v1beta1 is UnsupportedVersionError"),
+        pytest.param(edited(lambda d: d.update(kind="ConversionReview")), UnsupportedVersionError,
+                     id="another kind of review is UnsupportedVersionError"),
+        pytest.param("[]", MalformedReviewError, id="a JSON list is MalformedReviewError"),
+        pytest.param(edited(lambda d: d.pop("request")), MalformedReviewError, id="no request is MalformedReviewError"),
+        pytest.param(edited(lambda d: d["request"]["userInfo"].update(groups="system:nodes")), MalformedReviewError,
+                     id="groups that are a string are MalformedReviewError"),
+        pytest.param(edited(lambda d: d["request"]["resource"].update(group=1)), MalformedReviewError,
+                     id="a resource group that is a number is MalformedReviewError"),
+    ],
+)
+def test_each_way_a_body_is_unusable_has_its_error_type_and_the_server_answers_each_400(
+    body: str | bytes, error: type[ReviewError]
+) -> None:
+    with pytest.raises(ReviewError) as caught:
+        parse_review(body)
+    assert type(caught.value) is error
+    assert review_error_status(caught.value) == 400
+    assert REVIEW_ERROR_STATUS[error] == 400
+
+
+def test_the_first_fault_of_a_body_with_several_is_the_one_reported() -> None:
+    def two_faults(d: dict[str, Any]) -> None:
+        d["request"]["resource"]["group"] = 1
+        d["request"]["object"] = "csinode"
+
+    with pytest.raises(MalformedReviewError, match=r"^request\.object must be an object or null$"):
+        parse_review(edited(two_faults))
+
+
+def test_check_review_gives_the_checked_body_itself_typed() -> None:
+    doc = kubelet_put()
+    assert check_review(doc) is doc
 
 
 def test_parse_review_error_messages_do_not_echo_long_input() -> None:

@@ -11,7 +11,7 @@ from kube import EBS, KUBELET, NODE, NODE_GROUPS
 from webhook.csinode import CountChange
 from webhook.policy import EnforcementAction, Policy, parse_policy
 from webhook.rules import change_rate
-from webhook.rules.base import RuleContext, Violation, Writer
+from webhook.rules.base import BudgetAnswer, RuleContext, Violation, Writer
 from webhook.state import Approval, EntryState
 
 T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
@@ -147,3 +147,32 @@ def test_the_policy_sets_action_and_min_interval(rate: dict[str, Any], action: E
     (found,) = change_rate.check(context(ago=30, policy=make_policy(**rate)))
     assert found.action is action
     assert found.why == f"30s after the last accepted change; the minimum is {minimum}"
+
+
+BUDGET_PROCEED = "kubelet retries at its next update period; many nodes raising counts at once is worth a look"
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "answer", "violates"),
+    [
+        pytest.param(25, 26, BudgetAnswer(0.5, 4, room=False), True, id="an increase when the budget has no room"),
+        pytest.param(25, None, BudgetAnswer(0.5, 4, room=False), True, id="unbounded when the budget has no room"),
+        pytest.param(25, 26, BudgetAnswer(0.5, 4, room=True), False, id="an increase the budget had room for"),
+        pytest.param(25, 26, None, False, id="an increase before the budget was asked"),
+        pytest.param(25, 24, BudgetAnswer(0.5, 4, room=False), False, id="a decrease"),
+    ],
+)
+def test_the_cluster_budget_is_an_input_of_the_rule(
+    old: int, new: int | None, answer: BudgetAnswer | None, violates: bool
+) -> None:
+    ctx = context(old, new, ago=3600)._replace(cluster_budget=answer)
+    expected = [Violation("change-rate", EnforcementAction.DENY, "the cluster-wide increase budget (0.5/s, burst 4) "
+                          "is used up", BUDGET_PROCEED, clamp_to=old)]
+    assert change_rate.check_budget(ctx) == (expected if violates else [])
+    assert change_rate.check(ctx) == []  # the entry's own pace is judged apart, whatever the budget says
+
+
+def test_a_registration_takes_nothing_from_the_budget_and_is_never_judged_by_it() -> None:
+    ctx = context(None, 26, ago=None)._replace(cluster_budget=BudgetAnswer(0.5, 4, room=False))
+    ctx = ctx._replace(change=ctx.change._replace(registration=True))
+    assert change_rate.check_budget(ctx) == []

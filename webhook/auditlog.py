@@ -1,7 +1,7 @@
 """Reading the guard's own audit log (``webhook.audit``): find the files, read the records, filter, summarise.
 
 The log is JSON lines, one record per (request, count change) and endpoint; see
-:func:`webhook.audit.build_records` for the fields. It may be rotated (``audit.log``, ``audit.log.1``,
+:func:`webhook.audit_records.build_records` for the fields. It may be rotated (``audit.log``, ``audit.log.1``,
 ``audit.log.2.gz``, ``audit.log-20261130.gz``) and gzipped: :func:`expand_rotated` finds a file's rotated
 siblings, and files are read oldest first (by the time of their first record). A line may carry a container
 runtime prefix (``<time> stdout F {...}``, what ``kubectl logs`` files look like on a node) when the audit log

@@ -3,7 +3,8 @@
 Data flows one way: AdmissionRequest -> CSINode diff -> rules (with the verified state, cluster facts and
 justifications) -> combined decision -> AdmissionResponse (patch, warnings, audit annotations). No I/O: the
 cluster view answers from memory and the clock is an argument, so the same inputs always give the same
-decision (tests, ``policy test``, ``replay``).
+decision (tests, ``policy test``, ``replay``). The decision's types (:class:`AdmissionDecision` and its parts)
+live in :mod:`webhook.decision` and are importable from here too.
 
 Combination: every rule runs on every change. Scope (``spec.enforcementScope``) and exemptions turn findings
 into ``dryrun`` (exempt principals are evaluated and audited as if enforced, but never blocked); /validate turns
@@ -30,14 +31,13 @@ the write does not touch).
 
 from __future__ import annotations
 
-import enum
 import functools
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 from webhook.budget import IncreaseBudget
 from webhook.cluster import AttachError, AttachErrorClass, ClusterView
@@ -50,6 +50,16 @@ from webhook.csinode import (
     parse_csinode,
     removed_drivers,
 )
+from webhook.decision import (
+    AdmissionDecision,
+    ChangeOutcome,
+    Decision,
+    Mode,
+    Note,
+    RuleOutcome,
+    explain,
+    response_summary,
+)
 from webhook.justification import JUSTIFICATION_ANNOTATION, JustificationError, parse_justifications
 from webhook.patch import (
     Operation,
@@ -61,8 +71,8 @@ from webhook.patch import (
 )
 from webhook.policy import STATE_INTEGRITY, DriverPolicy, EnforcementAction, Policy
 from webhook.review import AdmissionRequest, AdmissionResponse
-from webhook.rules import RULES
-from webhook.rules.base import RuleContext, Violation, Writer
+from webhook.rules import RULES, change_rate
+from webhook.rules.base import BudgetAnswer, RuleContext, Violation, Writer
 from webhook.rules.change_rate import RULE_ID as CHANGE_RATE
 from webhook.rules.change_rate import min_interval
 from webhook.rules.writer_identity import RULE_ID as WRITER_IDENTITY
@@ -81,85 +91,19 @@ from webhook.state import (
 )
 from webhook.versions import is_valid_version
 
-
-class Mode(enum.StrEnum):
-    """Which endpoint asks: /mutate may clamp and writes state; /validate checks the final object."""
-
-    MUTATE = "mutate"
-    VALIDATE = "validate"
-
-
-class Decision(enum.StrEnum):
-    """The outcome label used in metrics, audit records and auditAnnotations."""
-
-    ALLOW = "allow"
-    WARN = "warn"
-    CLAMP = "clamp"
-    DENY = "deny"
-    INVALID = "invalid"
-    SKIP = "skip"
-
-
-class RuleOutcome(NamedTuple):
-    """One rule's result for one change (``driver`` None: a request-level finding); an immutable named tuple
-    (five or more per review: cheaper to build than a frozen dataclass).
-
-    ``result`` is ``pass`` or ``violation``; ``enforcement`` the configured action, ``effective`` what it did
-    after scope, exemptions and mode. ``message`` is the full ``[rule] node/driver: old -> new: why; how``
-    line for violations, a short explanation for passes.
-    """
-
-    rule: str
-    driver: str | None
-    result: str
-    enforcement: EnforcementAction | None
-    effective: EnforcementAction | None
-    message: str
-
-
-class ChangeOutcome(NamedTuple):
-    """What happened to one count change: requested ``new``, admitted ``final`` (None = unbounded)."""
-
-    change: CountChange
-    final: int | None
-    writer_version: str | None
-    correction: str | None = None
-    frozen: bool = False
-    notes: tuple[str, ...] = ()
-    stored: tuple[int | None, ...] = ()
-    """The count the object held before the write, when it is not ``change.old`` (an entry judged from the last
-    count the guard accepted, after a write that went through unjudged); empty otherwise."""
-
-    @property
-    def before(self) -> int | None:
-        """The count the object held before the write (what a refusal keeps)."""
-        return self.stored[0] if self.stored else self.change.old
-
-
-class AdmissionDecision(NamedTuple):
-    """The result of :func:`evaluate`: the AdmissionResponse plus everything audit and metrics need."""
-
-    response: AdmissionResponse
-    decision: Decision
-    node: str = ""
-    outcomes: tuple[RuleOutcome, ...] = ()
-    changes: tuple[ChangeOutcome, ...] = ()
-    state_problem: StateProblem | None = None
-    state_detail: str = ""
-    exempt: bool = False
-    in_scope: bool = True
-    approvals_recorded: int = 0
-    new_state: GuardState | None = None
-    notes: tuple[str, ...] = ()
-
-    @property
-    def fired_rules(self) -> list[str]:
-        """Ids of rules with a violation, in order, without repeats."""
-        seen: list[str] = []
-        for o in self.outcomes:
-            if o.result == "violation" and o.rule not in seen:
-                seen.append(o.rule)
-        return seen
+__all__ = [
+    "AdmissionDecision",
+    "ChangeOutcome",
+    "Decision",
+    "Mode",
+    "Note",
+    "RuleOutcome",
+    "evaluate",
+    "explain",
+    "response_summary",
+    "unjudged",
+]
+"""The evaluation's public API; the decision's types and renderings live in :mod:`webhook.decision`."""
 
 
 @dataclass
@@ -226,7 +170,7 @@ def _skip(warning: str | None = None) -> AdmissionDecision:
             audit_annotations={"decision": Decision.SKIP.value},
         ),
         decision=Decision.SKIP,
-        notes=(warning,) if warning else (),
+        notes=(Note(warning),) if warning else (),
     )
 
 
@@ -373,7 +317,7 @@ def _version_pass_reason(ctx: RuleContext) -> str:
     return f"{what}; writer-version.onUnknown: {ctx.driver_policy.rules.version_on_unknown} applied"
 
 
-def _capacity_note(change: CountChange, errors: Sequence[AttachError] | None, fraction: float) -> str | None:
+def _capacity_note(change: CountChange, errors: Sequence[AttachError] | None, fraction: float) -> Note | None:
     if change.is_increase or change.old is None or change.new is None or not errors:
         return None
     if change.old == 0 or (change.old - change.new) / change.old < fraction:
@@ -384,9 +328,10 @@ def _capacity_note(change: CountChange, errors: Sequence[AttachError] | None, fr
     for e in errors:
         counts[e.error_class.value] = counts.get(e.error_class.value, 0) + 1
     listed = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-    return (
+    return Note(
         f"{change.node}/{change.driver}: {format_count(change.old)} -> {format_count(change.new)} coincides only "
-        f"with non-capacity attach errors ({listed}); lowering the count on any attach failure is a driver mistake"
+        f"with non-capacity attach errors ({listed}); lowering the count on any attach failure is a driver mistake",
+        change.driver,
     )
 
 
@@ -406,7 +351,8 @@ def evaluate(
     ``cluster`` answers node labels, versions, attach errors and driver periods (None = unknown); ``keys``
     verify the state on ``oldObject`` and sign the new one. ``budget`` (only consulted in /mutate; a dry-run
     request is judged against it without taking from it) is the per-replica cluster-wide increase budget, read
-    with ``budget_clock`` seconds.
+    with ``budget_clock`` seconds: an input of change-rate, asked once every rule judged every change, for the
+    increases the request would then admit.
 
     Never raises for bad input: an UPDATE without ``oldObject`` or with an object that is not a CSINode gives an
     ``invalid`` decision (``allowed: false``, code 400). A CREATE is judged as the registration of each of its
@@ -472,7 +418,8 @@ class _Evaluation:
         self.findings: list[_Finding] = []
         self.findings_by_change: dict[int, list[_Finding]] = {}  # by id() of the CountChange: linear in drivers
         self.outcomes: list[RuleOutcome] = []
-        self.notes: list[str] = []
+        self.outcomes_from: dict[int, int] = {}  # id() of a judged CountChange -> index of its first outcome
+        self.notes: list[Note] = []
         self.contexts: dict[str, RuleContext] = {}
         self.exempt = policy.exemptions.contains(request.username, request.groups)
         self.labels = cluster.node_labels(self.node)
@@ -548,21 +495,37 @@ class _Evaluation:
             return EnforcementAction.DENY
         return action
 
-    def _add(self, change: CountChange | None, v: Violation, *, replaces: int | None = None) -> None:
-        """Record a finding; ``replaces`` is the index of an earlier "pass" outcome of the same rule and change
-        (change-rate before the budget check), which the violation takes the place of."""
+    def _passed_at(self, change: CountChange, rule: str) -> int | None:
+        """The index of ``rule``'s "pass" outcome on ``change``, if it has one (among the change's own outcomes:
+        :meth:`_judge` records them together)."""
+        start = self.outcomes_from.get(id(change))
+        if start is None:
+            return None
+        for i in range(start, len(self.outcomes)):
+            o = self.outcomes[i]
+            if o.driver != change.driver:
+                return None
+            if o.rule == rule and o.result == "pass":
+                return i
+        return None
+
+    def _add(self, change: CountChange | None, v: Violation) -> None:
+        """Record a finding. A rule has one outcome per change: a pass, or its violations; so a violation found
+        once the rule knows more (change-rate, given the cluster budget's answer) takes the place of its pass."""
         effective = self._effective(v, change)
         if effective is EnforcementAction.DENY and change is not None and self._keeps_stored_count(v, change):
             # deny acts as clamp for the node's kubelet: to the count the denial would have kept (the stored one).
             effective = EnforcementAction.CLAMP
             v = v._replace(clamp_to=change.old)
-            note = (
+            note = Note(
                 f"{self.node}/{change.driver}: {v.rule} deny acts as clamp for the node's kubelet "
-                f"(to the stored count {format_count(change.old)}; kubelet's write succeeds)"
+                f"(to the stored count {format_count(change.old)}; kubelet's write succeeds)",
+                change.driver,
             )
             if note not in self.notes:
                 self.notes.append(note)
-        at = len(self.outcomes) if replaces is None else replaces
+        passed = self._passed_at(change, v.rule) if change is not None else None
+        at = len(self.outcomes) if passed is None else passed
         finding = _Finding(change, v, effective, at)
         self.findings.append(finding)
         if change is not None:
@@ -606,14 +569,16 @@ class _Evaluation:
             parsed = parse_justifications(new_value)
         except JustificationError as exc:
             if self.never_refused:
-                self.notes.append(f"{JUSTIFICATION_ANNOTATION} not recorded: {exc}")
+                self.notes.append(Note(f"{JUSTIFICATION_ANNOTATION} not recorded: {exc}"))
                 self.restore_annotations.append(JUSTIFICATION_ANNOTATION)
                 return None
             return _invalid(str(exc))
         known = {(a.driver, a.min_count, a.max_count, a.expires, a.reason, a.ticket) for a in self.approvals}
         for j in parsed:
             if j.expires <= self.now:
-                self.notes.append(f"justification for {j.driver} expired at {j.expires.isoformat()}; not recorded")
+                self.notes.append(
+                    Note(f"justification for {j.driver} expired at {j.expires.isoformat()}; not recorded", j.driver)
+                )
                 continue
             approval = Approval(
                 driver=j.driver,
@@ -668,7 +633,7 @@ class _Evaluation:
             raw = new_value or ""
             versions = (_published_versions if len(raw) <= MAX_REMEMBERED_ANNOTATION else _decode_versions)(raw)
             if new_value and not versions:
-                self.notes.append(f"{annotation} is not a JSON object of driver versions; nothing recorded")
+                self.notes.append(Note(f"{annotation} is not a JSON object of driver versions; nothing recorded"))
             for driver, version in versions.items():
                 if not isinstance(version, str) or not version:
                     continue
@@ -708,10 +673,11 @@ class _Evaluation:
             if entry is None or not _above(c.old, entry.count):
                 changes.append(c)
                 continue
-            self.notes.append(
+            self.notes.append(Note(
                 f"{self.node}/{c.driver}: the stored count {format_count(c.old)} is above the last count "
-                f"csinode-guard accepted ({format_count(entry.count)}): judged from {format_count(entry.count)}"
-            )
+                f"csinode-guard accepted ({format_count(entry.count)}): judged from {format_count(entry.count)}",
+                c.driver,
+            ))
             rebased = c._replace(old=entry.count)
             if rebased.old == rebased.new and not rebased.registration:
                 continue
@@ -724,11 +690,12 @@ class _Evaluation:
             if name in touched or entry is None or name not in self.old.drivers:
                 continue
             if _above(driver.allocatable_count, entry.count):
-                self.notes.append(
+                self.notes.append(Note(
                     f"{self.node}/{name}: the stored count {format_count(driver.allocatable_count)} is above the "
                     f"last count csinode-guard accepted ({format_count(entry.count)}); it went through unjudged "
-                    "and is judged now"
-                )
+                    "and is judged now",
+                    name,
+                ))
                 self.soft_drivers.add(name)
                 self.stored_before[name] = driver.allocatable_count
                 changes.append(CountChange(self.node, name, entry.count, driver.allocatable_count, driver.position))
@@ -754,6 +721,7 @@ class _Evaluation:
             resolved_ceiling=dp.ceiling.resolve(self.labels),
         )
         self.contexts[change.driver] = ctx
+        self.outcomes_from[id(change)] = len(self.outcomes)
         for rule_id, check in RULES:
             found = check(ctx)
             if not found:
@@ -767,7 +735,8 @@ class _Evaluation:
             self.notes.append(note)
 
     def _check_budget(self, finals: Mapping[str, int | None], changes: Sequence[CountChange]) -> bool:
-        """Take the admitted increases from the cluster-wide budget; True when it was used up (findings added)."""
+        """Ask the cluster-wide budget for the increases the request would admit (taking them; a dry run only
+        looks) and let change-rate judge each with its answer; True when that found something (it was used up)."""
         if self.budget is None or self.mode is not Mode.MUTATE:
             return False
         rising = [c for c in changes if not c.registration and self._rises(c, finals[c.driver])]
@@ -775,26 +744,18 @@ class _Evaluation:
             return False
         if self.request.dry_run:
             # A dry run gets the decision a real request would get, but takes nothing from the budget.
-            if self.budget.available(self.budget_clock) + 1e-9 >= len(rising):
-                return False
-        elif self.budget.take(len(rising), self.budget_clock):
-            return False
-        passed = {o.driver: i for i, o in enumerate(self.outcomes) if o.rule == CHANGE_RATE and o.result == "pass"}
+            room = self.budget.available(self.budget_clock) + 1e-9 >= len(rising)
+        else:
+            room = self.budget.take(len(rising), self.budget_clock)
+        answer = BudgetAnswer(self.budget.rate, self.budget.burst, room)
+        found = False
         for c in rising:
-            self._add(
-                c,
-                Violation(
-                    rule=CHANGE_RATE,
-                    action=self.policy.for_driver(c.driver).rules.rate_action,
-                    why=f"the cluster-wide increase budget ({self.budget.rate:g}/s, burst {self.budget.burst}) "
-                    "is used up",
-                    proceed="kubelet retries at its next update period; many nodes raising counts at once "
-                    "is worth a look",
-                    clamp_to=c.old,
-                ),
-                replaces=passed.get(c.driver),
-            )
-        return True
+            ctx = self.contexts[c.driver]._replace(cluster_budget=answer)
+            self.contexts[c.driver] = ctx
+            for v in change_rate.check_budget(ctx):
+                self._add(c, v)
+                found = True
+        return found
 
     def _denial_lines(self, denied: Sequence[_Finding], finals: Mapping[str, int | None]) -> tuple[
         list[str], list[str]
@@ -1143,7 +1104,7 @@ def unjudged(request: AdmissionRequest) -> AdmissionDecision:
                 message="csinode-guard could not judge this write (internal error) nor read its objects",
             ),
             decision=Decision.INVALID,
-            notes=("internal error: unreadable objects refused",),
+            notes=(Note("internal error: unreadable objects refused"),),
         )
     if rising:
         listed = ", ".join(f"{c.driver}: {format_count(c.old)} -> {format_count(c.new)}" for c in rising[:5])
@@ -1157,7 +1118,7 @@ def unjudged(request: AdmissionRequest) -> AdmissionDecision:
             ),
             decision=Decision.DENY,
             node=new.name or old.name or request.name,
-            notes=("internal error: count increases refused unjudged",),
+            notes=(Note("internal error: count increases refused unjudged"),),
         )
     return AdmissionDecision(
         response=AdmissionResponse(
@@ -1167,32 +1128,5 @@ def unjudged(request: AdmissionRequest) -> AdmissionDecision:
             audit_annotations=annotations,
         ),
         decision=Decision.SKIP,
-        notes=("internal error: admitted unjudged",),
+        notes=(Note("internal error: admitted unjudged"),),
     )
-
-
-def explain(decision: AdmissionDecision) -> list[str]:
-    """One human-readable line per rule outcome (``evaluate`` CLI, ``policy test`` diffs)."""
-    lines = []
-    for o in decision.outcomes:
-        where = o.driver or "(request)"
-        if o.result == "pass":
-            lines.append(f"{o.rule:16} {where}: pass - {o.message}")
-        else:
-            effective = o.effective.value if o.effective else "?"
-            configured = o.enforcement.value if o.enforcement else "?"
-            lines.append(f"{o.rule:16} {where}: violation ({configured} -> {effective}) - {o.message}")
-    for note in decision.notes:
-        lines.append(f"note: {note}")
-    if decision.state_problem is not None and decision.state_problem is not StateProblem.MISSING:
-        lines.append(f"state: ignored ({decision.state_problem.value}: {decision.state_detail}); entries judged as new")
-    return lines
-
-
-def response_summary(decision: AdmissionDecision) -> dict[str, Any]:
-    """A compact dict of a decision (decision, fired rules, finals) for CLIs and tests."""
-    return {
-        "decision": decision.decision.value,
-        "rules": decision.fired_rules,
-        "finals": {c.change.driver: c.final for c in decision.changes},
-    }

@@ -59,7 +59,7 @@ from typing import Any
 
 import jsonpatch
 
-from webhook.audit import build_records
+from webhook.audit_records import build_records
 from webhook.budget import IncreaseBudget
 from webhook.chain import admit_write
 from webhook.cluster import AttachError, StaticClusterView

@@ -1,10 +1,17 @@
 """AdmissionReview ``admission.k8s.io/v1`` on the wire: parse a request, build a response.
 
-This is the only module that knows the envelope. Field names keep Kubernetes' camelCase (``userInfo``,
-``oldObject``, ``dryRun``). Source: k8s.io/api/admission/v1 types.go and the dynamic admission control docs
-(the response must echo ``uid``, ``apiVersion: admission.k8s.io/v1`` and ``kind: AdmissionReview``; a patch is a
-base64-encoded JSONPatch with ``patchType: JSONPatch``; warnings are at most 256 characters, no newlines; audit
-annotation keys are qualified by the apiserver with the webhook name, so they must not contain ``/``).
+This is the only module that knows the envelope, typed end to end: :func:`check_review` gives the body as an
+:class:`AdmissionReviewRequest`, :func:`parse_review` the :class:`AdmissionRequest` judged from it, and
+:func:`build_response` the :class:`AdmissionReviewResponse` answer. Field names keep Kubernetes' camelCase
+(``userInfo``, ``oldObject``, ``dryRun``). A body that is not a usable AdmissionReview raises a
+:class:`ReviewError` saying which way (:class:`NotJSONError`, :class:`UnsupportedVersionError`,
+:class:`MalformedReviewError`); the HTTP status it is answered with is the server's choice
+(``webhook.server.REVIEW_ERROR_STATUS``).
+
+Source: k8s.io/api/admission/v1 types.go and the dynamic admission control docs (the response must echo ``uid``,
+``apiVersion: admission.k8s.io/v1`` and ``kind: AdmissionReview``; a patch is a base64-encoded JSONPatch with
+``patchType: JSONPatch``; warnings are at most 256 characters, no newlines; audit annotation keys are qualified
+by the apiserver with the webhook name, so they must not contain ``/``).
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ import base64
 import json
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import Any, NamedTuple, NotRequired, TypedDict
+from typing import Any, Literal, NamedTuple, NotRequired, TypedDict, cast
 
 try:
     import orjson
@@ -28,12 +35,26 @@ MAX_WARNINGS = 32
 
 
 class ReviewError(ValueError):
-    """The HTTP body is not a usable AdmissionReview v1. ``http_status`` is the status to answer (400)."""
+    """The HTTP body is not a usable AdmissionReview v1 (the apiserver's problem, not the writer's); ``message``
+    says why, without echoing long input. The subclasses say which way; the server maps each to an HTTP status.
+    """
 
-    def __init__(self, message: str, http_status: int = 400) -> None:
+    def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
-        self.http_status = http_status
+
+
+class NotJSONError(ReviewError):
+    """The body is not JSON (or not UTF-8 text, or holds an integer over Python's 4300-digit limit)."""
+
+
+class UnsupportedVersionError(ReviewError):
+    """The body is JSON but not an ``admission.k8s.io/v1`` ``AdmissionReview`` (v1beta1, another kind)."""
+
+
+class MalformedReviewError(ReviewError):
+    """An AdmissionReview v1 that cannot be judged: not an object, no ``request``, or a request field of the
+    wrong type (an empty ``uid``, ``userInfo.groups`` not a list of strings, ``object`` not an object...)."""
 
 
 class GroupVersionKind(TypedDict):
@@ -45,37 +66,76 @@ class GroupVersionKind(TypedDict):
 
 
 class GroupVersionResource(TypedDict):
-    """``resource`` of an AdmissionRequest: ``{"group": "storage.k8s.io", "version": "v1", "resource": ...}``."""
+    """``resource`` of an AdmissionRequest: ``{"group": "storage.k8s.io", "version": "v1", "resource": ...}``
+    (a field absent or null reads as ``""``)."""
 
-    group: str
-    version: str
-    resource: str
+    group: NotRequired[str | None]
+    version: NotRequired[str | None]
+    resource: NotRequired[str | None]
 
 
 class UserInfo(TypedDict, total=False):
-    """``request.userInfo`` (authentication.k8s.io/v1 UserInfo)."""
+    """``request.userInfo`` (authentication.k8s.io/v1 UserInfo); ``uid`` and ``extra`` are not read."""
 
-    username: str
-    uid: str
-    groups: list[str]
-    extra: dict[str, list[str]]
+    username: str | None
+    uid: Any
+    groups: list[str] | None
+    extra: Any
 
 
 class AdmissionRequestWire(TypedDict):
-    """``request`` of an AdmissionReview as the apiserver sends it."""
+    """``request`` of an AdmissionReview as the apiserver sends it, as far as :func:`check_review` checks it
+    (``kind``, ``namespace`` and ``options`` are not read: ``resource`` says what is judged)."""
 
     uid: str
-    kind: GroupVersionKind
+    kind: NotRequired[Any]
     resource: GroupVersionResource
     operation: str
-    userInfo: UserInfo
-    name: NotRequired[str]
-    namespace: NotRequired[str]
-    subResource: NotRequired[str]
+    userInfo: NotRequired[UserInfo | None]
+    name: NotRequired[str | None]
+    namespace: NotRequired[Any]
+    subResource: NotRequired[str | None]
     object: NotRequired[dict[str, Any] | None]
     oldObject: NotRequired[dict[str, Any] | None]
     dryRun: NotRequired[bool]
-    options: NotRequired[dict[str, Any] | None]
+    options: NotRequired[Any]
+
+
+class AdmissionReviewRequest(TypedDict):
+    """The AdmissionReview the apiserver POSTs: ``apiVersion: admission.k8s.io/v1``, ``kind: AdmissionReview``."""
+
+    apiVersion: str
+    kind: str
+    request: AdmissionRequestWire
+
+
+class StatusWire(TypedDict):
+    """``response.status`` of a refusal (the fields of meta/v1 Status the apiserver reads)."""
+
+    code: int
+    reason: str
+    message: str
+
+
+class AdmissionResponseWire(TypedDict):
+    """``response`` of an AdmissionReview answer: ``status`` only when not allowed, ``patchType``/``patch`` (base64
+    RFC 6902 JSONPatch) only from /mutate, the others only when not empty."""
+
+    uid: str
+    allowed: bool
+    status: NotRequired[StatusWire]
+    warnings: NotRequired[list[str]]
+    auditAnnotations: NotRequired[dict[str, str]]
+    patchType: NotRequired[Literal["JSONPatch"]]
+    patch: NotRequired[str]
+
+
+class AdmissionReviewResponse(TypedDict):
+    """The AdmissionReview the webhook answers with: echoes ``apiVersion``/``kind``, the request's uid inside."""
+
+    apiVersion: str
+    kind: str
+    response: AdmissionResponseWire
 
 
 class AdmissionRequest(NamedTuple):
@@ -114,18 +174,16 @@ class AdmissionRequest(NamedTuple):
 def _require(mapping: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
     value = mapping.get(key)
     if not isinstance(value, kind):
-        raise ReviewError(f"{where}.{key} must be a {kind.__name__}")
+        raise MalformedReviewError(f"{where}.{key} must be a {kind.__name__}")
     return value
 
 
-def _text(mapping: Mapping[str, Any], key: str, where: str) -> str:
-    """An optional string field ("" when absent or null); raises :class:`ReviewError` for any other type."""
-    value = mapping.get(key)
-    if value is None:
-        return ""
-    if type(value) is not str:
-        raise ReviewError(f"{where}.{key} must be a string")
-    return value
+def _check_texts(mapping: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
+    """Optional string fields (absent or null read as ""): raises :class:`MalformedReviewError` for another type."""
+    for key in keys:
+        value = mapping.get(key)
+        if value is not None and type(value) is not str:
+            raise MalformedReviewError(f"{where}.{key} must be a string")
 
 
 def decode_json(body: bytes | str) -> Any:
@@ -146,60 +204,74 @@ def decode_json(body: bytes | str) -> Any:
     return json.loads(body)
 
 
-def parse_review(body: bytes | str) -> AdmissionRequest:
-    """Parse the bytes of an HTTP body into an :class:`AdmissionRequest`.
+def check_review(doc: Any) -> AdmissionReviewRequest:
+    """``doc`` (decoded JSON) as the :class:`AdmissionReviewRequest` it is, once checked.
 
-    Raises :class:`ReviewError` (HTTP 400) when the body is not JSON, is not an ``admission.k8s.io/v1``
-    ``AdmissionReview``, has no ``request`` or a request without ``uid``/``operation``/``resource``. Objects
-    are not validated here; ``webhook.csinode`` does that.
+    Raises :class:`UnsupportedVersionError` when it is not an ``admission.k8s.io/v1`` ``AdmissionReview``, and
+    :class:`MalformedReviewError` when it is not an object, has no ``request``, or a request without ``uid``/
+    ``operation``/``resource`` or with a field of another type than its :class:`AdmissionRequestWire` type.
+    Objects are not validated here; ``webhook.csinode`` does that.
     """
-    try:
-        doc = decode_json(body)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over 4300 digits
-        raise ReviewError(f"body is not JSON: {exc}") from None
     if not isinstance(doc, dict):
-        raise ReviewError("body must be a JSON object (an AdmissionReview)")
+        raise MalformedReviewError("body must be a JSON object (an AdmissionReview)")
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
-        raise ReviewError(
+        raise UnsupportedVersionError(
             f"expected apiVersion {API_VERSION!r} and kind {KIND!r}, got "
             f"{str(doc.get('apiVersion'))[:64]!r} and {str(doc.get('kind'))[:64]!r}"
         )
     request = doc.get("request")
     if not isinstance(request, dict):
-        raise ReviewError("AdmissionReview has no request")
-    uid = _require(request, "uid", str, "request")
-    if not uid:
-        raise ReviewError("request.uid must not be empty")
-    operation = _require(request, "operation", str, "request")
+        raise MalformedReviewError("AdmissionReview has no request")
+    if not _require(request, "uid", str, "request"):
+        raise MalformedReviewError("request.uid must not be empty")
+    _require(request, "operation", str, "request")
     resource = _require(request, "resource", dict, "request")
     user = request.get("userInfo") or {}
     if not isinstance(user, dict):
-        raise ReviewError("request.userInfo must be an object")
+        raise MalformedReviewError("request.userInfo must be an object")
     groups = user.get("groups") or []
     if type(groups) is not list or not all(type(g) is str for g in groups):
-        raise ReviewError("request.userInfo.groups must be a list of strings")
+        raise MalformedReviewError("request.userInfo.groups must be a list of strings")
     obj = request.get("object")
     old = request.get("oldObject")
     if obj is not None and type(obj) is not dict:
-        raise ReviewError("request.object must be an object or null")
+        raise MalformedReviewError("request.object must be an object or null")
     if old is not None and type(old) is not dict:
-        raise ReviewError("request.oldObject must be an object or null")
-    dry_run = request.get("dryRun", False)
-    if not isinstance(dry_run, bool):
-        raise ReviewError("request.dryRun must be a boolean")
+        raise MalformedReviewError("request.oldObject must be an object or null")
+    if not isinstance(request.get("dryRun", False), bool):
+        raise MalformedReviewError("request.dryRun must be a boolean")
+    _check_texts(resource, ("group", "version", "resource"), "request.resource")
+    _check_texts(request, ("subResource", "name"), "request")
+    _check_texts(user, ("username",), "request.userInfo")
+    return cast(AdmissionReviewRequest, doc)
+
+
+def parse_review(body: bytes | str) -> AdmissionRequest:
+    """Parse the bytes of an HTTP body into an :class:`AdmissionRequest`.
+
+    Raises :class:`NotJSONError` when the body is not JSON, and what :func:`check_review` raises when it is not a
+    usable AdmissionReview v1 (all :class:`ReviewError`, answered with HTTP 400).
+    """
+    try:
+        doc = decode_json(body)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, an integer over 4300 digits
+        raise NotJSONError(f"body is not JSON: {exc}") from None
+    request = check_review(doc)["request"]
+    resource = request["resource"]
+    user = request.get("userInfo") or {}
     return AdmissionRequest(
-        uid=uid,
-        operation=operation,
-        group=_text(resource, "group", "request.resource"),
-        version=_text(resource, "version", "request.resource"),
-        resource=_text(resource, "resource", "request.resource"),
-        sub_resource=_text(request, "subResource", "request"),
-        name=_text(request, "name", "request"),
-        username=_text(user, "username", "request.userInfo"),
-        groups=tuple(groups),
-        dry_run=dry_run,
-        object=obj,
-        old_object=old,
+        uid=request["uid"],
+        operation=request["operation"],
+        group=resource.get("group") or "",
+        version=resource.get("version") or "",
+        resource=resource.get("resource") or "",
+        sub_resource=request.get("subResource") or "",
+        name=request.get("name") or "",
+        username=user.get("username") or "",
+        groups=tuple(user.get("groups") or ()),
+        dry_run=request.get("dryRun", False),
+        object=request.get("object"),
+        old_object=request.get("oldObject"),
     )
 
 
@@ -251,7 +323,7 @@ def dumps_compact(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 
 
-def build_response(uid: str, response: AdmissionResponse, *, allow_patch: bool) -> dict[str, Any]:
+def build_response(uid: str, response: AdmissionResponse, *, allow_patch: bool) -> AdmissionReviewResponse:
     """Build the AdmissionReview JSON document answering request ``uid``.
 
     Always echoes ``apiVersion``, ``kind`` and ``response.uid``. ``patch``/``patchType`` are present only when
@@ -259,7 +331,7 @@ def build_response(uid: str, response: AdmissionResponse, *, allow_patch: bool) 
     patch. Warnings are cleaned to one line of at most 256 characters, de-duplicated in order, and at most
     ``MAX_WARNINGS`` (the last then counts the others).
     """
-    body: dict[str, Any] = {"uid": uid, "allowed": response.allowed}
+    body: AdmissionResponseWire = {"uid": uid, "allowed": response.allowed}
     if not response.allowed:
         body["status"] = {
             "code": response.status_code,

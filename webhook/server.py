@@ -3,7 +3,8 @@
 Two error channels, kept apart: a request that is not a usable AdmissionReview is the apiserver's problem and
 gets an HTTP error with a JSON body (400 not JSON / not an AdmissionReview v1 / no request, 415 wrong content
 type, 413 body over the limit, never 500); a policy denial is the writer's and is an HTTP 200 AdmissionReview
-with ``allowed: false``. Nothing happens at import; collaborators live in ``app.extensions["csinode_guard"]``.
+with ``allowed: false``. The core raises typed review errors; :data:`REVIEW_ERROR_STATUS` is the one place that
+gives each its HTTP status. Nothing happens at import; collaborators live in ``app.extensions["csinode_guard"]``.
 """
 
 from __future__ import annotations
@@ -13,27 +14,33 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from flask import Flask, Response, current_app, request
 from werkzeug.exceptions import ClientDisconnected, HTTPException
 
 from webhook import metrics
-from webhook.audit import AuditWriter, build_records
+from webhook.audit import AuditWriter
+from webhook.audit_records import build_records
 from webhook.budget import IncreaseBudget
 from webhook.cluster import ClusterView
 from webhook.csinode import format_count
-from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate, unjudged
+from webhook.decision import AdmissionDecision, Decision, Mode
+from webhook.evaluation import evaluate, unjudged
 from webhook.policy import Policy
 from webhook.policy_store import PolicyStore
 from webhook.review import (
     AdmissionRequest,
     AdmissionResponse,
+    MalformedReviewError,
+    NotJSONError,
     ReviewError,
+    UnsupportedVersionError,
     build_response,
     dumps_compact,
     parse_review,
@@ -51,6 +58,25 @@ RECORD_REVIEWS_ENV = "CSINODE_GUARD_RECORD_REVIEWS_DIR"
 """Tests only: a directory where every /mutate and /validate AdmissionReview received is written with its
 answer (``<ns>-<pid>-<endpoint>.json``: ``{"review": ..., "answer": ...}``), to record what a real apiserver
 sends (tests/data/apiserver). The bodies hold whole objects: never set in production."""
+
+
+REVIEW_ERROR_STATUS: Mapping[type[ReviewError], int] = MappingProxyType({
+    NotJSONError: 400,
+    UnsupportedVersionError: 400,
+    MalformedReviewError: 400,
+    ReviewError: 400,
+})
+"""The HTTP status of each way a body is not a usable AdmissionReview (:mod:`webhook.review`'s errors): all 400
+Bad Request, the apiserver's problem (it logs the answer and applies the webhook's failurePolicy), never 500."""
+
+
+def review_error_status(exc: ReviewError) -> int:
+    """The HTTP status answering ``exc``: the :data:`REVIEW_ERROR_STATUS` entry of its class or nearest base."""
+    for cls in type(exc).__mro__:
+        status = REVIEW_ERROR_STATUS.get(cls)
+        if status is not None:
+            return status
+    return 400
 
 
 def _utcnow() -> datetime:
@@ -249,7 +275,7 @@ def _review(mode: Mode) -> Response:
         review = parse_review(body)
     except ReviewError as exc:
         log.warning("bad AdmissionReview (uid %s): %s", peek_uid(body), exc.message)
-        return _error(exc.http_status, exc.message)
+        return _error(review_error_status(exc), exc.message)
     snapshot = runtime.policies.current()
     policy = snapshot.policy
     now = runtime.clock()
@@ -311,10 +337,9 @@ def _noop() -> Any:
     try:
         review = parse_review(body)
     except ReviewError as exc:
-        return _error(exc.http_status, exc.message)
-    document = build_response(review.uid, AdmissionResponse(allowed=True), allow_patch=False)
-    document["worker"] = os.getpid()
-    response = _json(document)
+        return _error(review_error_status(exc), exc.message)
+    answer = build_response(review.uid, AdmissionResponse(allowed=True), allow_patch=False)
+    response = _json({**answer, "worker": os.getpid()})
     if runtime.should_close(request.environ.get("gunicorn.socket")):
         response.headers["Connection"] = "close"
     return response

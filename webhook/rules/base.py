@@ -25,6 +25,19 @@ class Writer(NamedTuple):
     is_listed_writer: bool
 
 
+class BudgetAnswer(NamedTuple):
+    """The cluster-wide increase budget's answer for the count increases a request would have admitted.
+
+    The budget is ``spec.rules.change-rate.clusterBudget`` (a token bucket per replica,
+    :class:`webhook.budget.IncreaseBudget`): ``rate`` increases per second, at most ``burst`` stored. ``room`` is
+    False when it had fewer tokens than those increases (then it gave none of them).
+    """
+
+    rate: float
+    burst: int
+    room: bool
+
+
 class RuleContext(NamedTuple):
     """Facts for judging one :class:`CountChange` at ``now`` (UTC), an immutable named tuple.
 
@@ -34,6 +47,9 @@ class RuleContext(NamedTuple):
     ``attach_errors`` are recent errors for (node, driver) (None = unknown); ``update_period`` is the CSIDriver's
     ``nodeAllocatableUpdatePeriodSeconds`` (None = unset or unknown). ``resolved_ceiling`` is the driver's
     ceiling for the node when the caller resolved it already (the evaluation does, once per change).
+    ``cluster_budget`` is the cluster-wide increase budget's answer for the request (None: not asked — no budget,
+    /validate, a refused request, or before every rule judged every change: the evaluation asks it only for the
+    increases it would admit).
     """
 
     change: CountChange
@@ -48,6 +64,7 @@ class RuleContext(NamedTuple):
     update_period: float | None
     now: datetime
     resolved_ceiling: tuple[int | None, str] | None = None
+    cluster_budget: BudgetAnswer | None = None
 
     @property
     def ceiling(self) -> tuple[int | None, str]:

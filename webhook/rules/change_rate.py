@@ -2,8 +2,12 @@
 
 An increase sooner than max(``minInterval``, the CSIDriver's ``spec.nodeAllocatableUpdatePeriodSeconds``) after
 the entry's last accepted change is a violation (default ``deny``: kubelet retries at its next period, KEP-4876).
-Decreases and registrations (a plugin registering, also right after a restart) are exempt. The cluster-wide
-increase budget (per replica) is checked by the evaluation, which owns the token bucket.
+Decreases and registrations (a plugin registering, also right after a restart) are exempt.
+
+The cluster-wide increase budget (``clusterBudget``, per replica) is the rule's second input, as the cluster view
+is an input of the others: an increase the request would admit when the budget has no room for all of them is a
+violation (:func:`check_budget`). The evaluation owns the token bucket: once every rule judged every change, it asks
+the bucket for the increases it would admit and gives the answer in ``RuleContext.cluster_budget``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,24 @@ def check(ctx: RuleContext) -> list[Violation]:
             why=f"{format_duration(max(elapsed, 0))} after the last accepted change; the minimum is "
             f"{format_duration(interval)}",
             proceed="kubelet retries at its next update period; if the driver flaps, fix its NodeGetInfo",
+            clamp_to=ctx.change.old,
+        )
+    ]
+
+
+def check_budget(ctx: RuleContext) -> list[Violation]:
+    """Violation when the cluster-wide increase budget (``ctx.cluster_budget``) has no room for the request's
+    increases, this one among them (clamped to the old count); nothing before the budget was asked, when it had
+    room, or for a decrease or a registration."""
+    budget = ctx.cluster_budget
+    if budget is None or budget.room or not ctx.change.is_increase or ctx.change.registration:
+        return []
+    return [
+        Violation(
+            rule=RULE_ID,
+            action=ctx.driver_policy.rules.rate_action,
+            why=f"the cluster-wide increase budget ({budget.rate:g}/s, burst {budget.burst}) is used up",
+            proceed="kubelet retries at its next update period; many nodes raising counts at once is worth a look",
             clamp_to=ctx.change.old,
         )
     ]
