@@ -44,7 +44,7 @@ import urllib3
 import yaml
 
 from tests.k8s.controlplane import ControlPlane, Guard, discover, policy_file, running_guard, unique, wait_until
-from webhook.registration import WebhookTarget, build_webhook_configurations
+from webhook.kube.registration import WebhookTarget, build_webhook_configurations
 
 EBS = "ebs.csi.aws.com"
 NOOP_NAME = "csinode-guard-noop"

@@ -1,4 +1,4 @@
-"""Benchmark of the cluster watch caches (webhook.providers): memory when full, and the cost of one read.
+"""Benchmark of the cluster watch caches (webhook.kube.watch): memory when full, and the cost of one read.
 
 Fills the caches through the real kubernetes client from tests.apiserver (run in a child process, so that only
 the caches' process is measured) with 5,000 Nodes (the m6i.large fixture, ~6.5 KB of JSON each), 5,000
@@ -100,8 +100,8 @@ def rss_mb() -> tuple[float, float]:
 def measure(args: argparse.Namespace) -> int:
     import kubernetes.client.api_client  # noqa: F401, PLC0415 - what load_api_client imports, counted as imports
 
-    from webhook.cluster import PodVersionSource  # noqa: PLC0415
-    from webhook.providers import CacheSettings, KubernetesClusterView, load_api_client  # noqa: PLC0415
+    from webhook.admission.cluster import PodVersionSource  # noqa: PLC0415
+    from webhook.kube.watch import CacheSettings, KubernetesClusterView, load_api_client  # noqa: PLC0415
 
     rss_imports, _ = rss_mb()
     with tempfile.TemporaryDirectory() as tmp:

@@ -8,7 +8,7 @@ through the status subresource; 1 node in 10 also has one with a ResourceExhaust
 real command as a subprocess, three times each:
 
 * ``csinode-guard status -o json --state-key-file KEY`` (every entry verified) and the default table;
-* and, in process, the four paged LISTs and :func:`webhook.capacity.build_report` apart.
+* and, in process, the four paged LISTs and :func:`webhook.admission.capacity.build_report` apart.
 
 Target (issue 14): an answer in seconds on 5,000 nodes (one LIST per kind, never a call per node).
 Usage: ``python benchmarks/bench_status.py [--nodes 5000] [--keep DIR]``. Not a test: it prints. The cluster is
@@ -35,11 +35,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from webhook import kubeapi  # noqa: E402
-from webhook.capacity import build_report  # noqa: E402
+from webhook.admission.capacity import build_report  # noqa: E402
+from webhook.admission.policy import load_policy  # noqa: E402
+from webhook.admission.state import EntryState, GuardState, StateKeys, encode_state, format_time  # noqa: E402
 from webhook.commands.status import read_cluster  # noqa: E402
-from webhook.policy import load_policy  # noqa: E402
-from webhook.state import EntryState, GuardState, StateKeys, encode_state, format_time  # noqa: E402
+from webhook.kube import kubeapi  # noqa: E402
 
 CLUSTER_SH = REPO.parent / "shared" / "k8s" / "cluster.sh"
 DATA = REPO / "tests" / "data" / "cluster"

@@ -3,7 +3,7 @@
 Each iteration decodes the HTTP body (JSON included), judges it with the bundled default policy and builds the
 AdmissionReview answer, as /mutate does for one request. The process is pinned to one CPU and its startup
 objects are frozen out of the garbage collector and the youngest generation's threshold is raised, as the server
-does in each worker (``webhook.gctuning.settle_for_requests``).
+does in each worker (``webhook.serving.gctuning.settle_for_requests``).
 Reported per review and over all of them: p50 and p99 of wall-clock microseconds per iteration, and the p50 of
 the thread's CPU time (what the iteration cost the CPU, whatever else the machine was doing).
 """
@@ -17,12 +17,12 @@ import time
 from dataclasses import dataclass
 
 from benchmarks.reviews import BENCH_KEY, DATA_REVIEWS, NOW, realistic_reviews
-from webhook.cluster import UnknownClusterView
-from webhook.evaluation import Mode, evaluate
-from webhook.gctuning import settle_for_requests
-from webhook.policy import load_policy
-from webhook.review import build_response, parse_review
-from webhook.state import StateKeys
+from webhook.admission.cluster import UnknownClusterView
+from webhook.admission.evaluation import Mode, evaluate
+from webhook.admission.policy import load_policy
+from webhook.admission.review import build_response, parse_review
+from webhook.admission.state import StateKeys
+from webhook.serving.gctuning import settle_for_requests
 
 
 @dataclass(frozen=True)

@@ -104,11 +104,11 @@ def body(rng: random.Random) -> bytes:
 
 def fuzz_core(n: int, rng: random.Random) -> None:
     from tests.fuzzing import check_admission_review, check_decode_json, request_uid  # noqa: PLC0415
-    from webhook.cluster import UnknownClusterView  # noqa: PLC0415
-    from webhook.evaluation import Mode, evaluate  # noqa: PLC0415
-    from webhook.policy import load_policy  # noqa: PLC0415
-    from webhook.review import ReviewError, build_response, parse_review  # noqa: PLC0415
-    from webhook.state import StateKeys  # noqa: PLC0415
+    from webhook.admission.cluster import UnknownClusterView  # noqa: PLC0415
+    from webhook.admission.evaluation import Mode, evaluate  # noqa: PLC0415
+    from webhook.admission.policy import load_policy  # noqa: PLC0415
+    from webhook.admission.review import ReviewError, build_response, parse_review  # noqa: PLC0415
+    from webhook.admission.state import StateKeys  # noqa: PLC0415
 
     policy, keys, cluster = load_policy(None), StateKeys([BENCH_KEY]), UnknownClusterView()
     clocks = [NOW, NOW + timedelta(seconds=5), NOW + timedelta(hours=2), NOW + timedelta(days=400)]
@@ -128,11 +128,11 @@ def fuzz_core(n: int, rng: random.Random) -> None:
 def fuzz_app(n: int, rng: random.Random) -> None:
     directory = Path(tempfile.mkdtemp(prefix="fuzz-app-"))
     from tests.fuzzing import check_http_answer, request_uid  # noqa: PLC0415
-    from webhook.audit import AuditWriter  # noqa: PLC0415
-    from webhook.cluster import UnknownClusterView  # noqa: PLC0415
-    from webhook.policy_store import PolicyStore  # noqa: PLC0415
-    from webhook.server import Runtime, create_app  # noqa: PLC0415
-    from webhook.state import StateKeys  # noqa: PLC0415
+    from webhook.admission.cluster import UnknownClusterView  # noqa: PLC0415
+    from webhook.admission.state import StateKeys  # noqa: PLC0415
+    from webhook.serving.app import Runtime, create_app  # noqa: PLC0415
+    from webhook.serving.audit_writer import AuditWriter  # noqa: PLC0415
+    from webhook.serving.live_policy import PolicyStore  # noqa: PLC0415
 
     audit = directory / "audit.log"
     runtime = Runtime(policies=PolicyStore(None), cluster=UnknownClusterView(), keys=StateKeys([BENCH_KEY]),
@@ -149,7 +149,7 @@ def fuzz_app(n: int, rng: random.Random) -> None:
 
 
 def fuzz_policy(n: int, rng: random.Random) -> None:
-    from webhook.policy import PolicyError, bundled_policy_path, parse_policy  # noqa: PLC0415
+    from webhook.admission.policy import PolicyError, bundled_policy_path, parse_policy  # noqa: PLC0415
 
     base = yaml.safe_load(bundled_policy_path().read_text())
     for _ in range(n):

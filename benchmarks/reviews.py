@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.kube import EBS, apply_response, kubelet_update, review
-from webhook.cluster import UnknownClusterView
-from webhook.evaluation import Mode, evaluate
-from webhook.policy import load_policy
-from webhook.review import build_response, parse_review
-from webhook.state import StateKeys
+from webhook.admission.cluster import UnknownClusterView
+from webhook.admission.evaluation import Mode, evaluate
+from webhook.admission.policy import load_policy
+from webhook.admission.review import build_response, parse_review
+from webhook.admission.state import StateKeys
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data"
 NOW = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)

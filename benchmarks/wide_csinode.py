@@ -18,14 +18,14 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from benchmarks.reviews import BENCH_KEY
-from webhook import state as state_module
-from webhook.audit_records import build_records, encode_record
-from webhook.cluster import UnknownClusterView
-from webhook.evaluation import Mode, evaluate
-from webhook.gctuning import settle_for_requests
-from webhook.policy import load_policy
-from webhook.review import build_response, parse_review
-from webhook.state import STATE_ANNOTATION, Approval, GuardState, StateKeys, encode_state
+from webhook.admission import state as state_module
+from webhook.admission.audit_records import build_records, encode_record
+from webhook.admission.cluster import UnknownClusterView
+from webhook.admission.evaluation import Mode, evaluate
+from webhook.admission.policy import load_policy
+from webhook.admission.review import build_response, parse_review
+from webhook.admission.state import STATE_ANNOTATION, Approval, GuardState, StateKeys, encode_state
+from webhook.serving.gctuning import settle_for_requests
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 UID = "5f0c9c1e-0000-4000-8000-00000000wide"

@@ -9,12 +9,13 @@ from typing import Any
 
 from benchmarks.adversarial_memory import adversarial_review
 from benchmarks.reviews import BENCH_KEY
-from webhook import evaluation, metrics, versions
-from webhook.audit import AuditWriter
-from webhook.cluster import UnknownClusterView
-from webhook.policy_store import PolicyStore
-from webhook.server import Runtime, create_app
-from webhook.state import StateKeys
+from webhook.admission import evaluation, versions
+from webhook.admission.cluster import UnknownClusterView
+from webhook.admission.state import StateKeys
+from webhook.serving import metrics
+from webhook.serving.app import Runtime, create_app
+from webhook.serving.audit_writer import AuditWriter
+from webhook.serving.live_policy import PolicyStore
 
 
 def test_invented_names_and_values_do_not_grow_what_a_worker_keeps(tmp_path: Any) -> None:

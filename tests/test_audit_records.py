@@ -14,13 +14,13 @@ import pytest
 
 from benchmarks.reviews import BENCH_KEY, NOW
 from tests.kube import EBS, KUBELET, NODE, base_csinode, driver_entry, review, with_annotation
-from webhook.audit_records import build_records
-from webhook.cluster import AttachError, ClusterView, StaticClusterView, UnknownClusterView
-from webhook.evaluation import AdmissionDecision, Mode, evaluate
-from webhook.justification import JUSTIFICATION_ANNOTATION
-from webhook.policy import load_policy
-from webhook.review import build_response, clean_warning, parse_review
-from webhook.state import StateKeys
+from webhook.admission.audit_records import build_records
+from webhook.admission.cluster import AttachError, ClusterView, StaticClusterView, UnknownClusterView
+from webhook.admission.evaluation import AdmissionDecision, Mode, evaluate
+from webhook.admission.justification import JUSTIFICATION_ANNOTATION
+from webhook.admission.policy import load_policy
+from webhook.admission.review import build_response, clean_warning, parse_review
+from webhook.admission.state import StateKeys
 
 POLICY = load_policy(None)
 KEYS = StateKeys([BENCH_KEY])

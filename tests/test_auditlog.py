@@ -1,7 +1,8 @@
 """``csinode-guard audit summary|query|timeline`` over the guard's own audit log, rotated and gzipped.
 
 The log is written the way the server writes it: each write goes through /mutate, its patch and /validate
-(``webhook.chain``), and ``webhook.audit_records.build_records`` makes the records of both endpoints.
+(``webhook.simulation.chain``), and ``webhook.admission.audit_records.build_records`` makes the records of both
+endpoints.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ import pytest
 
 from tests.conftest import REPO
 from tests.kube import EBS, KUBELET, NODE, NODE_GROUPS, base_csinode, kubelet_update, with_annotation
-from webhook.audit_records import build_records
-from webhook.auditlog import ReadStats, RecordFilter, expand_rotated, parse_when, query, read_records
-from webhook.chain import admit_write
-from webhook.cluster import AttachError, StaticClusterView
-from webhook.evaluation import Mode
-from webhook.policy import load_policy
-from webhook.state import StateKeys
+from webhook.admission.audit_records import build_records
+from webhook.admission.cluster import AttachError, StaticClusterView
+from webhook.admission.evaluation import Mode
+from webhook.admission.policy import load_policy
+from webhook.admission.state import StateKeys
+from webhook.simulation.audit_queries import ReadStats, RecordFilter, expand_rotated, parse_when, query, read_records
+from webhook.simulation.chain import admit_write
 
 T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
 VERSIONS = "csinode-guard.io/driver-versions"
@@ -308,7 +309,7 @@ def _write_log(path: Path, node_writes: list[tuple[float, int]]) -> list[str]:
     return decisions
 
 
-STORED = "#1f5fa8"  # the stored-count line (webhook.count_timeline.STORED_COLOR)
+STORED = "#1f5fa8"  # the stored-count line (webhook.simulation.count_timeline.STORED_COLOR)
 DENY = "#c62828"
 
 

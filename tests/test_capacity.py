@@ -1,5 +1,5 @@
-"""``webhook.capacity``: the status table from plain listed objects (no cluster; tests/k8s/test_status.py runs the
-command against the real apiserver)."""
+"""``webhook.admission.capacity``: the status table from plain listed objects (no cluster; tests/k8s/test_status.py runs
+the command against the real apiserver)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from webhook.capacity import build_report, format_table, report_json
-from webhook.policy import load_policy
-from webhook.state import Correction, EntryState, GuardState, StateKeys, encode_state
+from webhook.admission.capacity import build_report, format_table, report_json
+from webhook.admission.policy import load_policy
+from webhook.admission.state import Correction, EntryState, GuardState, StateKeys, encode_state
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 EBS = "ebs.csi.aws.com"

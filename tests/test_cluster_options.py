@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.clirun import run_cli
-from webhook import dev_certs
+from webhook.serving import dev_certs
 
 BROKEN_KUBECONFIG = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n"
 """A kubeconfig that parses but has no current-context: the client's ConfigException."""

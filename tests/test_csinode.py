@@ -1,4 +1,4 @@
-"""CSINode objects as kubelet writes them, and what a count change is (webhook.csinode)."""
+"""CSINode objects as kubelet writes them, and what a count change is (webhook.admission.csinode)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kube import EBS, NODE, base_csinode, driver_entry, kubelet_update
 
-from webhook.csinode import (
+from webhook.admission.csinode import (
     INT32_MAX,
     ChangeKind,
     CountChange,

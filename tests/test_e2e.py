@@ -35,7 +35,7 @@ from tests.kube import (
     review,
     with_annotation,
 )
-from webhook import dev_certs, flushlock, tls
+from webhook.serving import dev_certs, flushlock, tls
 
 VERSIONS = "csinode-guard.io/driver-versions"
 JUSTIFICATION = "csinode-guard.io/justification"
@@ -280,7 +280,7 @@ def test_metrics_count_requests_by_endpoint_and_decision(server_factory: Any) ->
     stored = kubelet_update(base_csinode(), EBS, 25)
     server.post("/mutate", review(stored, kubelet_update(stored, EBS, 24)))
     server.post("/mutate", b"nope")
-    # Per-request samples reach the metric files within a second (the worker's flusher; webhook.metrics).
+    # Per-request samples reach the metric files within a second (the worker's flusher; webhook.serving.metrics).
     deadline = time.monotonic() + 10
     while True:
         text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()

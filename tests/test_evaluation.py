@@ -33,12 +33,12 @@ from kube import (
     without_driver,
 )
 
-from webhook.budget import IncreaseBudget
-from webhook.cluster import AttachError, StaticClusterView, UnknownClusterView
-from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate, explain, response_summary
-from webhook.policy import EnforcementAction, Policy, load_policy, parse_policy
-from webhook.review import build_response, parse_review
-from webhook.state import (
+from webhook.admission.budget import IncreaseBudget
+from webhook.admission.cluster import AttachError, StaticClusterView, UnknownClusterView
+from webhook.admission.evaluation import AdmissionDecision, Decision, Mode, evaluate, explain, response_summary
+from webhook.admission.policy import EnforcementAction, Policy, load_policy, parse_policy
+from webhook.admission.review import build_response, parse_review
+from webhook.admission.state import (
     Approval,
     Correction,
     DeclaredVersion,

@@ -30,12 +30,12 @@ from tests.fuzzing import (
     json_values,
     request_uid,
 )
-from webhook.cluster import UnknownClusterView
-from webhook.evaluation import Mode, evaluate
-from webhook.policy import PolicyError, bundled_policy_path, load_policy, parse_policy
-from webhook.review import ReviewError, build_response, decode_json, parse_review
-from webhook.server import review_error_status
-from webhook.state import StateKeys
+from webhook.admission.cluster import UnknownClusterView
+from webhook.admission.evaluation import Mode, evaluate
+from webhook.admission.policy import PolicyError, bundled_policy_path, load_policy, parse_policy
+from webhook.admission.review import ReviewError, build_response, decode_json, parse_review
+from webhook.admission.state import StateKeys
+from webhook.serving.app import review_error_status
 
 POLICY = load_policy(None)
 KEYS = StateKeys([BENCH_KEY])
@@ -175,7 +175,7 @@ def test_a_falsy_spec_that_is_no_object_is_judged_not_crashed_on(spec: Any) -> N
 
 
 def test_a_signed_state_with_a_field_of_the_wrong_type_is_ignored_as_malformed() -> None:
-    from webhook.state import StateProblem, _canonical, decode_state  # noqa: PLC0415
+    from webhook.admission.state import StateProblem, _canonical, decode_state  # noqa: PLC0415
 
     doc = {"v": 1, "uid": "u-1", "approvals": [],
            "drivers": {"ebs.csi.aws.com": {"count": 3, "changedAt": ["not", "a", "time"]}}}

@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from benchmarks.reviews import BENCH_KEY
 from tests.conftest import RunningServer
 from tests.fuzzing import FUZZ, bodies, check_http_answer, request_uid
-from webhook.audit import AuditWriter
-from webhook.cluster import UnknownClusterView
-from webhook.policy_store import PolicyStore
-from webhook.server import Runtime, create_app
-from webhook.state import StateKeys
+from webhook.admission.cluster import UnknownClusterView
+from webhook.admission.state import StateKeys
+from webhook.serving.app import Runtime, create_app
+from webhook.serving.audit_writer import AuditWriter
+from webhook.serving.live_policy import PolicyStore
 
 PATHS = ["/mutate?timeout=10s", "/validate?timeout=10s", "/mutate", "/healthz", "/readyz", "/nothing-here",
          "/mutate/../validate", "/%ff", "/validate?timeout=10s&timeout=x"]

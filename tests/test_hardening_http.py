@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import serialization
 
 from tests.conftest import SERVICE_DNS, RunningServer, free_port, start_server
 from tests.load import review_with_uid
-from webhook import dev_certs
+from webhook.serving import dev_certs
 
 pytestmark = pytest.mark.slow
 

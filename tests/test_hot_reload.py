@@ -26,8 +26,8 @@ import yaml
 
 from tests.conftest import REPO, RunningServer
 from tests.kube import EBS, base_csinode, kubelet_update, review
-from webhook.policy import load_policy
-from webhook.policy_store import GenerationLedger, PolicyStore
+from webhook.admission.policy import load_policy
+from webhook.serving.live_policy import GenerationLedger, PolicyStore
 
 
 class ConfigMapVolume:

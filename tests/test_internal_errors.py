@@ -14,11 +14,11 @@ from prometheus_client import REGISTRY
 
 from benchmarks.reviews import BENCH_KEY
 from tests.kube import EBS, base_csinode, kubelet_update, review
-from webhook.audit import AuditWriter
-from webhook.cluster import UnknownClusterView
-from webhook.policy_store import PolicyStore
-from webhook.server import Runtime, create_app
-from webhook.state import StateKeys
+from webhook.admission.cluster import UnknownClusterView
+from webhook.admission.state import StateKeys
+from webhook.serving.app import Runtime, create_app
+from webhook.serving.audit_writer import AuditWriter
+from webhook.serving.live_policy import PolicyStore
 
 
 class BrokenClusterView(UnknownClusterView):

@@ -19,13 +19,13 @@ import yaml
 from benchmarks.reviews import BENCH_KEY, NOW
 from tests.conftest import REPO
 from tests.kube import EBS, base_csinode, driver_entry, kubelet_update, review, with_annotation
-from webhook.audit_records import build_records, encode_record
-from webhook.cluster import UnknownClusterView
-from webhook.evaluation import Decision, Mode, evaluate
-from webhook.policy import PolicyError, load_policy
-from webhook.review import ReviewError, build_response, parse_review
-from webhook.server import review_error_status
-from webhook.state import STATE_ANNOTATION, StateKeys, StateProblem
+from webhook.admission.audit_records import build_records, encode_record
+from webhook.admission.cluster import UnknownClusterView
+from webhook.admission.evaluation import Decision, Mode, evaluate
+from webhook.admission.policy import PolicyError, load_policy
+from webhook.admission.review import ReviewError, build_response, parse_review
+from webhook.admission.state import STATE_ANNOTATION, StateKeys, StateProblem
+from webhook.serving.app import review_error_status
 
 POLICY = load_policy(None)
 KEYS = StateKeys([BENCH_KEY])

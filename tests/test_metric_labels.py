@@ -34,7 +34,7 @@ def test_invented_driver_names_count_under_other_and_add_no_series(server_factor
 
 
 def test_even_known_drivers_label_at_most_a_bounded_number_of_series() -> None:
-    from webhook import metrics  # noqa: PLC0415 - the test process's own registry
+    from webhook.serving import metrics  # noqa: PLC0415 - the test process's own registry
 
     names = [f"known-{n}.example" for n in range(2 * metrics.MAX_DRIVER_LABELS)]
     labels = {metrics.driver_label(name, lambda _name: True) for name in names}

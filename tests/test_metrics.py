@@ -1,4 +1,4 @@
-"""Per-request metric updates held in memory (webhook.metrics.PendingUpdates) and what a flush writes."""
+"""Per-request metric updates held in memory (webhook.serving.metrics.PendingUpdates) and what a flush writes."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 from prometheus_client import REGISTRY
 
 from benchmarks.reviews import BENCH_KEY, NOW
-from webhook import metrics
-from webhook.cluster import UnknownClusterView
-from webhook.evaluation import AdmissionDecision, Mode, evaluate
-from webhook.policy import load_policy
-from webhook.review import parse_review
-from webhook.state import StateKeys
+from webhook.admission.cluster import UnknownClusterView
+from webhook.admission.evaluation import AdmissionDecision, Mode, evaluate
+from webhook.admission.policy import load_policy
+from webhook.admission.review import parse_review
+from webhook.admission.state import StateKeys
+from webhook.serving import metrics
 
 DATA = Path(__file__).parent / "data"
 

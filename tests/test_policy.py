@@ -1,4 +1,5 @@
-"""GuardPolicy YAML: loading, validation messages, durations, per-driver overrides, ceilings (webhook.policy)."""
+"""GuardPolicy YAML: loading, validation messages, durations, per-driver overrides, ceilings
+(webhook.admission.policy)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from webhook.durations import format_duration, parse_duration
-from webhook.policy import (
+from webhook.admission.durations import format_duration, parse_duration
+from webhook.admission.policy import (
     Ceiling,
     DriverProfile,
     EnforcementAction,

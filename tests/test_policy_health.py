@@ -21,7 +21,7 @@ from typing import Any
 from tests.conftest import REPO, RunningServer
 from tests.kube import EBS, base_csinode, kubelet_update, review
 from tests.test_hot_reload import ConfigMapVolume, decide_39, invalid_policy_text, policy_text, readyz
-from webhook.policy import load_policy
+from webhook.admission.policy import load_policy
 
 
 def scrape(server: RunningServer) -> str:
@@ -203,9 +203,9 @@ import calendar
 import json
 import os
 from prometheus_client import REGISTRY
-import webhook.metrics, webhook.providers.metrics
-from webhook.policy_metrics import PolicyCollector
-from webhook.policy_store import PolicyStore
+import webhook.serving.metrics, webhook.kube.watch.metrics
+from webhook.serving.policy_metrics import PolicyCollector
+from webhook.serving.live_policy import PolicyStore
 collector = PolicyCollector()
 collector.store = PolicyStore(None)
 names = {}

@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from webhook.policy import load_policy
-from webhook.policytest import run_cases, run_test_file
+from webhook.admission.policy import load_policy
+from webhook.simulation.policy_tests import run_cases, run_test_file
 
 DEFAULT = REPO / "policies" / "default.yaml"
 NODE = "ip-10-0-1-23.ec2.internal"

@@ -1,4 +1,4 @@
-"""``webhook.preflight``: the checks judged from plain facts (no cluster; tests/k8s/test_preflight.py runs the
+"""``webhook.kube.preflight``: the checks judged from plain facts (no cluster; tests/k8s/test_preflight.py runs the
 command against the real apiserver and the real guard)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from webhook import dev_certs, kubeapi
-from webhook.policy import load_policy, parse_policy
-from webhook.preflight import (
+from webhook.admission.policy import load_policy, parse_policy
+from webhook.kube import kubeapi
+from webhook.kube.preflight import (
     check_apiserver,
     check_drivers,
     check_kubelets,
@@ -22,10 +22,11 @@ from webhook.preflight import (
     format_checks,
     run_checks,
 )
-from webhook.preflight_facts import Check, ClusterFacts, ProbeOutcome, ProbeResult, ServingCertificate, Status
-from webhook.preflight_gather import classify_probe_error, probe_object, short_message
-from webhook.preflight_guard import check_guard, verify_serving_certificate
-from webhook.registration import WebhookTarget, build_webhook_configurations
+from webhook.kube.preflight_facts import Check, ClusterFacts, ProbeOutcome, ProbeResult, ServingCertificate, Status
+from webhook.kube.preflight_gather import classify_probe_error, probe_object, short_message
+from webhook.kube.preflight_guard import check_guard, verify_serving_certificate
+from webhook.kube.registration import WebhookTarget, build_webhook_configurations
+from webhook.serving import dev_certs
 
 
 def kubelet_node(version: str) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""webhook.providers: the watch-cache ClusterView, driven by the real kubernetes client against tests.apiserver."""
+"""webhook.kube.watch: the watch-cache ClusterView, driven by the real kubernetes client against tests.apiserver."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from prometheus_client import REGISTRY
 
 from tests.apiserver import FakeApiServer
 from tests.kube import CLUSTER_DATA, EBS, NODE, cluster_object
-from webhook.cluster import AttachErrorClass, PodVersionSource, UnknownClusterView
-from webhook.providers import (
+from webhook.admission.cluster import AttachErrorClass, PodVersionSource, UnknownClusterView
+from webhook.kube.watch import (
     CacheSettings,
     KubernetesClusterView,
     OfflineCaches,

@@ -1,4 +1,4 @@
-"""webhook.providers records and store: parsing the API's JSON into slim records, versions, indexes."""
+"""webhook.kube.watch records and store: parsing the API's JSON into slim records, versions, indexes."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from tests.kube import cluster_object
-from webhook.cluster import AttachErrorClass, PodVersionSource
-from webhook.providers.records import (
+from webhook.admission.cluster import AttachErrorClass, PodVersionSource
+from webhook.kube.watch.records import (
     PodRecord,
     image_tag,
     lowest_version,
@@ -21,8 +21,8 @@ from webhook.providers.records import (
     parse_version,
     parse_volume_attachment,
 )
-from webhook.providers.store import Store
-from webhook.providers.transport import ApiStatusError, GoneError
+from webhook.kube.watch.store import Store
+from webhook.kube.watch.transport import ApiStatusError, GoneError
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,10 @@ import yaml
 
 from tests.apiserver import FakeApiServer
 from tests.clirun import run_cli
-from webhook import cert_rotation, dev_certs
 from webhook.cli import main
-from webhook.kubeapi import parse_warnings
-from webhook.registration import WebhookTarget, build_webhook_configurations
+from webhook.kube.kubeapi import parse_warnings
+from webhook.kube.registration import WebhookTarget, build_webhook_configurations
+from webhook.serving import cert_rotation, dev_certs
 
 REPO = Path(__file__).resolve().parent.parent
 MUTATING = "mutatingwebhookconfigurations.admissionregistration.k8s.io"

@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import REPO
-from webhook.policy import load_policy
-from webhook.replay import replay
-from webhook.replay_results import Row
+from webhook.admission.policy import load_policy
+from webhook.simulation.replay import replay
+from webhook.simulation.replay_results import Row
 
 LOG = REPO / "tests" / "data" / "audit" / "kube-apiserver-audit.log"
 NODE = "ip-10-0-1-23.ec2.internal"

@@ -29,11 +29,11 @@ from kube import (
     without_driver,
 )
 
-from webhook.cluster import AttachError, StaticClusterView
-from webhook.evaluation import AdmissionDecision, Decision, Mode, evaluate
-from webhook.policy import EnforcementAction, Policy, bundled_policy_path, load_policy, parse_policy
-from webhook.review import build_response, parse_review
-from webhook.state import STATE_ANNOTATION, EntryState, GuardState, StateKeys, decode_state, encode_state
+from webhook.admission.cluster import AttachError, StaticClusterView
+from webhook.admission.evaluation import AdmissionDecision, Decision, Mode, evaluate
+from webhook.admission.policy import EnforcementAction, Policy, bundled_policy_path, load_policy, parse_policy
+from webhook.admission.review import build_response, parse_review
+from webhook.admission.state import STATE_ANNOTATION, EntryState, GuardState, StateKeys, decode_state, encode_state
 
 KEYS = StateKeys([b"r" * 32])
 POLICY = load_policy()

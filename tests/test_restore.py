@@ -20,12 +20,12 @@ from kube import EBS, NODE, base_csinode, driver_entry, review
 
 from tests.apiserver import FakeApiServer, RecordedRequest
 from tests.clirun import run_cli
-from webhook.cluster import UnknownClusterView
-from webhook.evaluation import Mode, evaluate
-from webhook.policy import load_policy
-from webhook.restore_plan import JustificationRequest, RestoreError, build_justifications, plan_restore
-from webhook.review import parse_review
-from webhook.state import (
+from webhook.admission.cluster import UnknownClusterView
+from webhook.admission.evaluation import Mode, evaluate
+from webhook.admission.policy import load_policy
+from webhook.admission.restore_plan import JustificationRequest, RestoreError, build_justifications, plan_restore
+from webhook.admission.review import parse_review
+from webhook.admission.state import (
     STATE_ANNOTATION,
     Correction,
     EntryState,

@@ -1,4 +1,4 @@
-"""AdmissionReview v1 on the wire: parsing requests and building responses (webhook.review)."""
+"""AdmissionReview v1 on the wire: parsing requests and building responses (webhook.admission.review)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from kube import EBS, KUBELET, NODE, NODE_GROUPS, base_csinode, kubelet_update, review
 
-from webhook.review import (
+from webhook.admission.review import (
     API_VERSION,
     KIND,
     MAX_WARNING_LENGTH,
@@ -25,7 +25,7 @@ from webhook.review import (
     parse_review,
     peek_uid,
 )
-from webhook.server import REVIEW_ERROR_STATUS, review_error_status
+from webhook.serving.app import REVIEW_ERROR_STATUS, review_error_status
 
 UID = "705ab4f5-6393-11e8-b7cc-42010a800002"
 

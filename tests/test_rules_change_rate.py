@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from kube import EBS, KUBELET, NODE, NODE_GROUPS
 
-from webhook.csinode import CountChange
-from webhook.policy import EnforcementAction, Policy, parse_policy
-from webhook.rules import change_rate
-from webhook.rules.base import BudgetAnswer, RuleContext, Violation, Writer
-from webhook.state import Approval, EntryState
+from webhook.admission.csinode import CountChange
+from webhook.admission.policy import EnforcementAction, Policy, parse_policy
+from webhook.admission.rules import change_rate
+from webhook.admission.rules.base import BudgetAnswer, RuleContext, Violation, Writer
+from webhook.admission.state import Approval, EntryState
 
 T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
 PROCEED = "kubelet retries at its next update period; if the driver flaps, fix its NodeGetInfo"

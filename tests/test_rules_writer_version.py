@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from kube import EBS, KUBELET, NODE, NODE_GROUPS
 
-from webhook.csinode import CountChange
-from webhook.policy import EnforcementAction, Policy, parse_policy
-from webhook.rules import writer_version
-from webhook.rules.base import RuleContext, Violation, Writer
-from webhook.state import Approval, EntryState
+from webhook.admission.csinode import CountChange
+from webhook.admission.policy import EnforcementAction, Policy, parse_policy
+from webhook.admission.rules import writer_version
+from webhook.admission.rules.base import RuleContext, Violation, Writer
+from webhook.admission.state import Approval, EntryState
 
 T0 = datetime(2026, 11, 30, 2, 0, tzinfo=UTC)
 DENY, WARN, DRYRUN = EnforcementAction.DENY, EnforcementAction.WARN, EnforcementAction.DRYRUN

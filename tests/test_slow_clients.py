@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import SERVICE_DNS, RunningServer
 from tests.load import review_with_uid
-from webhook.wholerequest import request_complete
+from webhook.serving.wholerequest import request_complete
 
 pytestmark = pytest.mark.slow
 

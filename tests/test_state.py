@@ -1,4 +1,4 @@
-"""The signed state annotation: encode, decode, sign, verify, rotate keys (webhook.state)."""
+"""The signed state annotation: encode, decode, sign, verify, rotate keys (webhook.admission.state)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook.csinode import INT32_MAX
-from webhook.state import (
+from webhook.admission.csinode import INT32_MAX
+from webhook.admission.state import (
     FORMAT_VERSION,
     STATE_ANNOTATION,
     Approval,

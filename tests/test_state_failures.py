@@ -12,7 +12,7 @@ import urllib.request
 from typing import Any
 
 from tests.kube import EBS, base_csinode, kubelet_update, review, with_annotation
-from webhook.state import STATE_ANNOTATION, EntryState, GuardState, StateKeys, encode_state, parse_time
+from webhook.admission.state import STATE_ANNOTATION, EntryState, GuardState, StateKeys, encode_state, parse_time
 
 
 def scrape_until(server: Any, *wanted: str) -> str:

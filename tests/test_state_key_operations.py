@@ -19,7 +19,7 @@ from typing import Any
 
 from tests.conftest import SERVICE_DNS, RunningServer, free_port
 from tests.kube import EBS, apply_response, base_csinode, kubelet_update, review
-from webhook.state import STATE_ANNOTATION
+from webhook.admission.state import STATE_ANNOTATION
 
 
 def test_without_its_state_key_the_guard_exits_and_never_serves(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""The certificate modules (webhook.tls and beside it) and ``certs``: real certificates, real TLS over 127.0.0.1."""
+"""The certificate modules (webhook.serving.tls and beside it) and ``certs``: real certificates, real TLS over
+127.0.0.1."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from tests.clirun import run_cli
-from webhook import cert_rotation, dev_certs, ssl_context, state_key, tls
+from webhook.admission import state_key
+from webhook.serving import cert_rotation, dev_certs, ssl_context, tls
 
 SERVICE_HOSTNAME = "csinode-guard.csinode-guard.svc"
 TIMEOUT = 10.0  # seconds; only reached when something hangs

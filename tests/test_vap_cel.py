@@ -27,11 +27,11 @@ from celpy.adapter import json_to_cel
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook.chain import admit_write
-from webhook.cluster import StaticClusterView
-from webhook.policy import load_policy, parse_policy
-from webhook.state import StateKeys
-from webhook.vap import VAP_NAME, build_binding, build_validating_admission_policy, highest_ceiling
+from webhook.admission.cluster import StaticClusterView
+from webhook.admission.policy import load_policy, parse_policy
+from webhook.admission.state import StateKeys
+from webhook.kube.vap import VAP_NAME, build_binding, build_validating_admission_policy, highest_ceiling
+from webhook.simulation.chain import admit_write
 
 REPO = Path(__file__).resolve().parents[1]
 EBS = "ebs.csi.aws.com"

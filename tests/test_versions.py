@@ -1,10 +1,10 @@
-"""Driver and kubelet versions compare as Kubernetes and CSI drivers tag them (webhook.versions)."""
+"""Driver and kubelet versions compare as Kubernetes and CSI drivers tag them (webhook.admission.versions)."""
 
 from __future__ import annotations
 
 import pytest
 
-from webhook.versions import VersionError, compare_versions, is_valid_version, parse_version
+from webhook.admission.versions import VersionError, compare_versions, is_valid_version, parse_version
 
 
 @pytest.mark.parametrize(

@@ -13,11 +13,11 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.kube import EBS, apply_response, base_csinode, kubelet_update, review
-from webhook.cluster import StaticClusterView
-from webhook.evaluation import Decision, Mode, evaluate
-from webhook.policy import load_policy
-from webhook.review import build_response, parse_review
-from webhook.state import StateKeys
+from webhook.admission.cluster import StaticClusterView
+from webhook.admission.evaluation import Decision, Mode, evaluate
+from webhook.admission.policy import load_policy
+from webhook.admission.review import build_response, parse_review
+from webhook.admission.state import StateKeys
 
 KEYS = StateKeys([b"w" * 32])
 POLICY = load_policy()

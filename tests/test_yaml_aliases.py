@@ -20,8 +20,8 @@ import yaml
 
 from tests.conftest import REPO
 from tests.test_hot_reload import Load, readyz
-from webhook.policy import PolicyError, load_policy
-from webhook.safe_yaml import MAX_ALIASES, load_yaml
+from webhook.admission.policy import PolicyError, load_policy
+from webhook.admission.safe_yaml import MAX_ALIASES, load_yaml
 
 
 def laughs(levels: int, indent: str = "    ") -> str:

@@ -49,8 +49,8 @@ def require_tool(name: str, env_var: str, works: list[str]) -> str:
 
 
 def generate_certs(cert_dir: Path) -> None:
-    """What an operator does before applying overlays/default (webhook.dev_certs: `certs generate`)."""
-    from webhook import dev_certs, tls  # noqa: PLC0415 - only needed where certificates are made
+    """What an operator does before applying overlays/default (webhook.serving.dev_certs: `certs generate`)."""
+    from webhook.serving import dev_certs, tls  # noqa: PLC0415 - only needed where certificates are made
 
     dev_certs.ensure_dev_certs(cert_dir, dns_names=tls.DEFAULT_DNS_NAMES)
 

@@ -24,7 +24,7 @@ from deploy_helpers import DEPLOY, find, load_yaml_documents
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from webhook import registration
+from webhook.kube import registration
 
 STATE = registration.GUARD_ANNOTATIONS[0]
 JUSTIFICATION = registration.GUARD_ANNOTATIONS[1]

@@ -247,7 +247,7 @@ def test_the_policy_configmap_is_generated_from_policies_default_yaml(rendered: 
 
 
 def test_the_shipped_policy_loads() -> None:
-    from webhook.policy import load_policy  # noqa: PLC0415 - the policy module is another issue's
+    from webhook.admission.policy import load_policy  # noqa: PLC0415 - the policy module is another issue's
 
     policy = load_policy(DEPLOY / "base" / "policy.yaml")
     assert policy.name == "default"
@@ -401,8 +401,8 @@ def test_the_documented_policy_override_replaces_the_configmap(kubectl: str, tmp
 
 
 def test_the_vap_overlay_ships_what_policy_export_builds_from_the_default_policy(rendered: dict[str, Objects]) -> None:
-    from webhook.policy import load_policy  # noqa: PLC0415
-    from webhook.vap import build_vap_objects, export_vap  # noqa: PLC0415
+    from webhook.admission.policy import load_policy  # noqa: PLC0415
+    from webhook.kube.vap import build_vap_objects, export_vap  # noqa: PLC0415
 
     shipped = (DEPLOY / "overlays" / "vap" / "floor.yaml").read_text("utf-8")
     policy = load_policy(REPO / "policies" / "default.yaml")

@@ -1,4 +1,4 @@
-"""The webhook configurations in deploy/ and the ones webhook.registration builds are the same objects."""
+"""The webhook configurations in deploy/ and the ones webhook.kube.registration builds are the same objects."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import yaml
 from deploy_helpers import DEPLOY, Objects, find, load_yaml_documents
 
-from webhook import registration
-from webhook.registration import WebhookTarget
+from webhook.kube import registration
+from webhook.kube.registration import WebhookTarget
 
 KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 WEBHOOKS_YAML = DEPLOY / "base" / "webhooks.yaml"

@@ -1,7 +1,7 @@
 """Record the AdmissionReviews the real kube-apiserver sends the guard, into ``tests/data/apiserver``.
 
 ``python -m tests.k8s.record_reviews [OUTDIR]`` starts a control plane (as tests/k8s does), runs the guard with
-``CSINODE_GUARD_RECORD_REVIEWS_DIR`` (webhook/server.py: every received review is written with its answer) on
+``CSINODE_GUARD_RECORD_REVIEWS_DIR`` (webhook/serving/app.py: every received review is written with its answer) on
 the default policy with change-rate's ``minInterval`` at 2s and the fixed test key ``OUTDIR/state.key``, and
 drives the story of tests/test_e2e.py with ``kubelet-csinode`` (kubelet's own code, as system:node:<node>) and
 kubectl writes as the node. Each step's reviews are saved as ``<step>[-<try>]-<endpoint>.json``

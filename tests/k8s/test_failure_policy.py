@@ -23,7 +23,7 @@ from tests.k8s.controlplane import ControlPlane, Guard, counts, csinode_writes, 
 
 EBS = "ebs.csi.aws.com"
 EFS = "efs.csi.aws.com"
-TIMEOUT_SECONDS = 5  # webhook.registration.TIMEOUT_SECONDS, what `register` sends
+TIMEOUT_SECONDS = 5  # webhook.kube.registration.TIMEOUT_SECONDS, what `register` sends
 
 
 def set_state(guard: Guard, state: str) -> None:

@@ -32,7 +32,7 @@ CRD_KINDS = {
 @pytest.fixture(scope="module")
 def deploy_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """deploy/ with overlays/default/certs generated, as after the documented `certs generate`."""
-    from webhook import dev_certs, tls  # noqa: PLC0415
+    from webhook.serving import dev_certs, tls  # noqa: PLC0415
 
     root = tmp_path_factory.mktemp("deploy") / "deploy"
     shutil.copytree(REPO / "deploy", root, ignore=shutil.ignore_patterns("*.crt", "*.key"))

@@ -125,7 +125,7 @@ def test_as_a_listed_writer_the_probe_proves_counts_are_mutable(
 def test_a_wrong_ca_bundle_and_a_missing_guard_fail(
     control_plane: ControlPlane, guard: Guard, tmp_path: Path
 ) -> None:
-    from webhook import dev_certs  # noqa: PLC0415
+    from webhook.serving import dev_certs  # noqa: PLC0415
 
     other = tmp_path / "other-ca"
     dev_certs.ensure_dev_certs(other, dns_names=["localhost"])
@@ -159,7 +159,7 @@ def test_without_cluster_access_it_says_so_with_exit_code_3(control_plane: Contr
 def test_a_guard_behind_a_service_is_checked_through_its_tls_secret_and_deployment(
     control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
 ) -> None:
-    from webhook import dev_certs  # noqa: PLC0415
+    from webhook.serving import dev_certs  # noqa: PLC0415
 
     guard: Guard = guard_factory(register=False)
     namespace = unique("guard-ns")

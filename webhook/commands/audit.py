@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from webhook.auditlog import (
+from webhook.simulation.audit_queries import (
     AuditSummary,
     LogRecord,
     ReadStats,
@@ -21,7 +21,7 @@ from webhook.auditlog import (
     read_records,
     summarize,
 )
-from webhook.count_timeline import (
+from webhook.simulation.count_timeline import (
     MissingDependencyError,
     UnsupportedFormatError,
     build_timeline,

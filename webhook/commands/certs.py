@@ -1,4 +1,5 @@
-"""``csinode-guard certs``: create and rotate the TLS certificates (``webhook.dev_certs``, ``.cert_rotation``)."""
+"""``csinode-guard certs``: create and rotate the TLS certificates (``webhook.serving.dev_certs``,
+``.cert_rotation``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import click
 from cryptography import x509
 
-from webhook import cert_rotation, dev_certs, tls
+from webhook.serving import cert_rotation, dev_certs, tls
 
 _CERT_DIR_OPTION = click.option(
     "--cert-dir",

@@ -11,13 +11,13 @@ from typing import BinaryIO
 import click
 import yaml
 
-from webhook.cluster import ClusterView, UnknownClusterView
-from webhook.evaluation import Mode, evaluate, explain
-from webhook.facts import FactsError, view_from_facts
-from webhook.policy import PolicyError, load_policy
-from webhook.review import ReviewError, build_response, parse_review
-from webhook.safe_yaml import load_yaml
-from webhook.state import StateKeys, parse_time
+from webhook.admission.cluster import ClusterView, UnknownClusterView
+from webhook.admission.evaluation import Mode, evaluate, explain
+from webhook.admission.facts import FactsError, view_from_facts
+from webhook.admission.policy import PolicyError, load_policy
+from webhook.admission.review import ReviewError, build_response, parse_review
+from webhook.admission.safe_yaml import load_yaml
+from webhook.admission.state import StateKeys, parse_time
 
 
 class InputError(click.ClickException):
@@ -27,7 +27,7 @@ class InputError(click.ClickException):
 
 
 def _keys(path: Path | None) -> tuple[StateKeys, str]:
-    from webhook.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
+    from webhook.admission.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
 
     if path is None:
         default = Path("certs/state.key")
@@ -54,7 +54,7 @@ def _keys(path: Path | None) -> tuple[StateKeys, str]:
 @click.option("--state-key-file", type=click.Path(dir_okay=False, path_type=Path),
               help="State HMAC key file (default: certs/state.key when present).")
 @click.option("--cluster-facts", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="YAML with node labels, driver versions, periods, attach errors (see webhook/facts.py).")
+              help="YAML with node labels, driver versions, periods, attach errors (see webhook/admission/facts.py).")
 def evaluate_command(review_file: BinaryIO, policy: Path | None, now_text: str | None, endpoint: str,
                      state_key_file: Path | None, cluster_facts: Path | None) -> None:
     """Print the AdmissionReview response for REVIEW, and one line per rule explaining its outcome.

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import click
 
-from webhook import kubeapi
+from webhook.kube import kubeapi
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,8 +42,8 @@ def connect(
     failure: type[click.ClickException] | None = None,
     echo_warnings: bool = True,
 ) -> kubeapi.KubeClient:
-    """A :class:`~webhook.kubeapi.KubeClient` for the options of :func:`cluster_options` (found as kubectl finds
-    its cluster: :func:`webhook.kubeapi.load_api_client`), not yet used: nothing is sent before its first call.
+    """A :class:`~webhook.kube.kubeapi.KubeClient` for the options of :func:`cluster_options` (found as kubectl finds
+    its cluster: :func:`webhook.kube.kubeapi.load_api_client`), not yet used: nothing is sent before its first call.
 
     Raises ``click.UsageError`` (exit code 2) when no cluster is configured and ``click.ClickException`` (exit
     code 1) ``cannot load the cluster configuration: ...`` when the configuration cannot be read or loaded; with

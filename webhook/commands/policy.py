@@ -1,4 +1,5 @@
-"""``csinode-guard policy``: validate policy files and run table-driven policy tests (``webhook.policytest``)."""
+"""``csinode-guard policy``: validate policy files and run table-driven policy tests
+(``webhook.simulation.policy_tests``)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,13 @@ from pathlib import Path
 import click
 import yaml
 
-from webhook.policy import PolicyError, load_policy, load_profile
-from webhook.policytest import run_test_file
-from webhook.policytest_files import KIND as TEST_KIND
-from webhook.policytest_files import PolicyTestError, find_test_files, load_test_file
-from webhook.policytest_report import format_junit, format_text, totals
-from webhook.safe_yaml import load_yaml
-from webhook.vap import VAP_NAME, export_vap
+from webhook.admission.policy import PolicyError, load_policy, load_profile
+from webhook.admission.safe_yaml import load_yaml
+from webhook.kube.vap import VAP_NAME, export_vap
+from webhook.simulation.policy_test_files import KIND as TEST_KIND
+from webhook.simulation.policy_test_files import PolicyTestError, find_test_files, load_test_file
+from webhook.simulation.policy_test_report import format_junit, format_text, totals
+from webhook.simulation.policy_tests import run_test_file
 
 
 @click.group("policy")

@@ -1,5 +1,5 @@
-"""``csinode-guard preflight``: the upgrade gate. Reads the cluster (:mod:`webhook.preflight_gather`) and judges
-it (:mod:`webhook.preflight`); exit code 0 / 1 / 2 for OK / WARN / FAIL, 3 when the cluster cannot be read."""
+"""``csinode-guard preflight``: the upgrade gate. Reads the cluster (:mod:`webhook.kube.preflight_gather`) and judges
+it (:mod:`webhook.kube.preflight`); exit code 0 / 1 / 2 for OK / WARN / FAIL, 3 when the cluster cannot be read."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import click
 
-from webhook import kubeapi
+from webhook.admission.policy import PolicyError, load_policy
 from webhook.commands.options import cluster_options, connect
-from webhook.policy import PolicyError, load_policy
-from webhook.preflight import exit_code, format_checks, run_checks
-from webhook.registration import CONFIGURATION_NAME
+from webhook.kube import kubeapi
+from webhook.kube.preflight import exit_code, format_checks, run_checks
+from webhook.kube.registration import CONFIGURATION_NAME
 
 EXIT_CANNOT_RUN = 3
 
@@ -52,7 +52,7 @@ def preflight(
     Exit code: 0 all OK, 1 some WARN, 2 some FAIL, 3 the cluster could not be read. Needs get/list on those
     objects and update on csinodes (the probe is a dry run: nothing is stored).
     """
-    from webhook.preflight_gather import gather_facts  # noqa: PLC0415
+    from webhook.kube.preflight_gather import gather_facts  # noqa: PLC0415
 
     try:
         policy = load_policy(policy_path)

@@ -1,8 +1,8 @@
 """``csinode-guard register`` and ``csinode-guard unregister``: apply or remove both webhook configurations.
 
-``register`` sends what :func:`webhook.registration.build_webhook_configurations` builds (the same objects as
+``register`` sends what :func:`webhook.kube.registration.build_webhook_configurations` builds (the same objects as
 ``deploy/base/webhooks.yaml``) with the CA bundle of a certificate directory; ``unregister`` deletes them, the
-documented emergency switch (docs/operations.md). Both talk to the API through :mod:`webhook.kubeapi`.
+documented emergency switch (docs/operations.md). Both talk to the API through :mod:`webhook.kube.kubeapi`.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 import click
 from cryptography import x509
 
-from webhook import kubeapi
 from webhook.commands.options import api_failure, cluster_options, connect
-from webhook.registration import (
+from webhook.kube import kubeapi
+from webhook.kube.registration import (
     CONFIGURATION_NAME,
     MUTATE_PATH,
     SERVICE_NAME,

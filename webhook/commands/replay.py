@@ -11,13 +11,13 @@ from typing import IO, Any
 import click
 import yaml
 
-from webhook.durations import parse_duration
-from webhook.facts import FactsError, view_from_facts
-from webhook.policy import PolicyError, load_policy
-from webhook.replay import replay
-from webhook.replay_input import Progress, describe_input
-from webhook.replay_results import FACT_RESOURCES, Problem, Row, Summary
-from webhook.safe_yaml import load_yaml
+from webhook.admission.durations import parse_duration
+from webhook.admission.facts import FactsError, view_from_facts
+from webhook.admission.policy import PolicyError, load_policy
+from webhook.admission.safe_yaml import load_yaml
+from webhook.simulation.replay import replay
+from webhook.simulation.replay_input import Progress, describe_input
+from webhook.simulation.replay_results import FACT_RESOURCES, Problem, Row, Summary
 
 _COLUMNS = (("TIME", 24), ("NODE", 34), ("DRIVER", 24), ("OLD -> NEW", 22), ("FINAL", 9), ("DECISION", 9))
 
@@ -108,7 +108,8 @@ def _table_summary(s: Summary) -> list[str]:
               help="Policy YAML (default: the bundled policy).")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--cluster-facts", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="YAML with facts the log lacks: node labels, driver periods, attach errors (webhook/facts.py).")
+              help="YAML with facts the log lacks: node labels, driver periods, attach errors "
+                   "(webhook/admission/facts.py).")
 @click.option("--reorder-window", default="5m", show_default=True,
               help="Events are put in requestReceivedTimestamp order within this window (e.g. 30s, 5m).")
 @click.option("--guard-audit-out", type=click.Path(dir_okay=False, path_type=Path),

@@ -10,8 +10,8 @@ is one ordinary CSINode update, sent as the operator (their kubeconfig), which t
    policy lists. The count ceiling still applies.
 3. On 409 Conflict (kubelet wrote in between) read again and redo the plan, a few times.
 
-:func:`webhook.restore_plan.plan_restore` is pure; the command around it does the I/O through
-:mod:`webhook.kubeapi`.
+:func:`webhook.admission.restore_plan.plan_restore` is pure; the command around it does the I/O through
+:mod:`webhook.kube.kubeapi`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,9 @@ from typing import Any
 
 import click
 
-from webhook import kubeapi
-from webhook.commands.options import api_failure, cluster_options, connect
-from webhook.durations import format_duration, parse_duration
-from webhook.justification import JUSTIFICATION_ANNOTATION
-from webhook.restore_plan import (
+from webhook.admission.durations import format_duration, parse_duration
+from webhook.admission.justification import JUSTIFICATION_ANNOTATION
+from webhook.admission.restore_plan import (
     JustificationRequest,
     RestoreError,
     RestorePlan,
@@ -36,7 +34,9 @@ from webhook.restore_plan import (
     find_driver,
     plan_restore,
 )
-from webhook.state import STATE_ANNOTATION, StateKeys
+from webhook.admission.state import STATE_ANNOTATION, StateKeys
+from webhook.commands.options import api_failure, cluster_options, connect
+from webhook.kube import kubeapi
 
 FIELD_MANAGER = "csinode-guard-restore"
 ATTEMPTS = 5
@@ -73,7 +73,7 @@ def _unverified_warning(count: int | None) -> str:
 
 
 def _load_keys(path: Path) -> tuple[StateKeys, str]:
-    from webhook.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
+    from webhook.admission.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
 
     try:
         return StateKeys(ensure_state_key(path)), str(path)

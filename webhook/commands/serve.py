@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from webhook.settings import Settings
+from webhook.serving.settings import Settings
 
 log = logging.getLogger("csinode_guard.serve")
 
@@ -90,10 +90,10 @@ def serve(**kwargs: Any) -> None:
         cache_sync_timeout=kwargs["cache_sync_timeout"],
         log_level=kwargs["log_level"],
     )
-    from webhook.serving import prepare_metrics_dir  # noqa: PLC0415
+    from webhook.serving.workers import prepare_metrics_dir  # noqa: PLC0415
 
     prepare_metrics_dir()  # before anything imports prometheus_client
-    from webhook.runtime import run  # noqa: PLC0415
+    from webhook.serving.runtime import run  # noqa: PLC0415
 
     sys.exit(run(settings))
 

@@ -1,6 +1,6 @@
 """``csinode-guard status``: capacity and usage per (node, driver), from one paged LIST per kind.
 
-The calls live in :mod:`webhook.kubeapi`; the table in :mod:`webhook.capacity` (pure).
+The calls live in :mod:`webhook.kube.kubeapi`; the table in :mod:`webhook.admission.capacity` (pure).
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 import click
 import orjson
 
-from webhook import kubeapi
-from webhook.capacity import build_report, format_table, report_json
+from webhook.admission.capacity import build_report, format_table, report_json
+from webhook.admission.durations import parse_duration
+from webhook.admission.policy import PolicyError, load_policy
+from webhook.admission.state import StateKeys
 from webhook.commands.options import api_failure, cluster_options, connect
-from webhook.durations import parse_duration
-from webhook.policy import PolicyError, load_policy
-from webhook.state import StateKeys
+from webhook.kube import kubeapi
 
 EXIT_NO_CLUSTER = 3
 
@@ -108,7 +108,7 @@ def read_cluster(client: kubeapi.KubeClient, selector: str | None) -> tuple[list
 
 
 def _keys(path: Path) -> StateKeys:
-    from webhook.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
+    from webhook.admission.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
 
     try:
         return StateKeys(ensure_state_key(path))

@@ -1,0 +1,197 @@
+"""What the guard knows about the cluster beyond the AdmissionReview: the ClusterView protocol.
+
+The rules need facts that an AdmissionRequest does not carry: the Node's labels and kubelet version, the
+CSIDriver's ``spec.nodeAllocatableUpdatePeriodSeconds``, recent VolumeAttachment attach errors and the driver's
+version on the node. The evaluation reads them through :class:`ClusterView`, a read-only protocol whose methods
+return ``None`` for *unknown* (cache not synced, watch lost for too long, no cluster at all). Unknown is never the
+same as empty: the rules then follow the design's asymmetry (decreases and no-ops pass; increases are judged on
+what is known).
+
+Two implementations exist: :class:`StaticClusterView` here (tests, ``policy test``, ``evaluate --cluster-facts``,
+and the offline default) and ``webhook.kube.watch`` (watch caches filled by the official kubernetes client). This
+module is part of the pure core and performs no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Protocol
+
+
+class AttachErrorClass(enum.StrEnum):
+    """Class of a VolumeAttachment ``status.attachError.errorCode`` (a gRPC status code).
+
+    Only ``capacity`` (gRPC ResourceExhausted, code 8, KEP-4876) is evidence that the node ran out of attach
+    slots; the other classes never justify a lower allocatable count.
+    """
+
+    CAPACITY = "capacity"  # 8 ResourceExhausted
+    PERMISSION = "permission"  # 7 PermissionDenied
+    PRECONDITION = "precondition"  # 9 FailedPrecondition (topology, wrong zone, ...)
+    TRANSIENT = "transient"  # 4 DeadlineExceeded, 14 Unavailable
+    OTHER = "other"
+
+
+def classify_attach_error(code: int | None) -> AttachErrorClass:
+    """Map a VolumeAttachment ``status.attachError.errorCode`` (gRPC code) to its :class:`AttachErrorClass`."""
+    if code == 8:
+        return AttachErrorClass.CAPACITY
+    if code == 7:
+        return AttachErrorClass.PERMISSION
+    if code == 9:
+        return AttachErrorClass.PRECONDITION
+    if code in (4, 14):
+        return AttachErrorClass.TRANSIENT
+    return AttachErrorClass.OTHER
+
+
+@dataclass(frozen=True)
+class AttachError:
+    """One attach error seen on a VolumeAttachment for (node, attacher = driver).
+
+    ``code`` is ``status.attachError.errorCode`` (gRPC code, may be None on older clusters), ``time`` is
+    ``status.attachError.time`` (UTC, timezone-aware), ``volume_attachment`` the object's name.
+    """
+
+    code: int | None
+    time: datetime
+    volume_attachment: str = ""
+    message: str = ""
+
+    @property
+    def error_class(self) -> AttachErrorClass:
+        """The error's :class:`AttachErrorClass`."""
+        return classify_attach_error(self.code)
+
+
+class ClusterView(Protocol):
+    """Read-only cluster facts for one admission decision. Every method returns None for *unknown*.
+
+    Implementations must answer from memory (watch caches), never with an API call, and must return within a
+    few milliseconds even when a cache is being rebuilt.
+    """
+
+    def node_labels(self, node: str) -> Mapping[str, str] | None:
+        """Labels of the Node named ``node`` (the CSINode's name), or None when unknown."""
+        ...
+
+    def kubelet_version(self, node: str) -> str | None:
+        """``status.nodeInfo.kubeletVersion`` of the Node, e.g. ``v1.35.1``, or None when unknown."""
+        ...
+
+    def driver_update_period(self, driver: str) -> float | None:
+        """CSIDriver ``spec.nodeAllocatableUpdatePeriodSeconds`` in seconds; None when unset or unknown."""
+        ...
+
+    def driver_version(self, node: str, driver: str) -> str | None:
+        """Version of ``driver`` running on ``node`` from the policy's ``pod`` version source, or None.
+
+        Only Running pods scheduled on the node count; two versions on one node resolve to the lower.
+        """
+        ...
+
+    def attach_errors(self, node: str, driver: str, since: datetime) -> Sequence[AttachError] | None:
+        """Attach errors of VolumeAttachments for (node, attacher = driver) with ``time >= since``; None unknown."""
+        ...
+
+    def attached_volumes(self, node: str, driver: str) -> int | None:
+        """Number of attached VolumeAttachments (``status.attached``) for (node, driver), or None when unknown."""
+        ...
+
+
+@dataclass
+class StaticClusterView:
+    """An in-memory :class:`ClusterView` built from plain values; anything not given is unknown (None).
+
+    ``nodes`` maps node name -> {"labels": {...}, "kubeletVersion": "v1.35.0"}; ``driver_periods`` maps driver
+    -> seconds; ``driver_versions`` maps node -> driver -> version; ``attach_error_list`` maps (node, driver)
+    -> errors; ``attached`` maps (node, driver) -> count. ``known_attach_errors`` says whether an absent
+    (node, driver) means "no errors" (True) or "unknown" (False).
+    """
+
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    driver_periods: dict[str, float] = field(default_factory=dict)
+    driver_versions: dict[str, dict[str, str]] = field(default_factory=dict)
+    attach_error_list: dict[tuple[str, str], list[AttachError]] = field(default_factory=dict)
+    attached: dict[tuple[str, str], int] = field(default_factory=dict)
+    known_attach_errors: bool = True
+
+    def node_labels(self, node: str) -> Mapping[str, str] | None:
+        """See :meth:`ClusterView.node_labels`."""
+        info = self.nodes.get(node)
+        if info is None:
+            return None
+        labels = info.get("labels")
+        return dict(labels) if isinstance(labels, Mapping) else {}
+
+    def kubelet_version(self, node: str) -> str | None:
+        """See :meth:`ClusterView.kubelet_version`."""
+        info = self.nodes.get(node)
+        value = info.get("kubeletVersion") if info else None
+        return str(value) if value else None
+
+    def driver_update_period(self, driver: str) -> float | None:
+        """See :meth:`ClusterView.driver_update_period`."""
+        return self.driver_periods.get(driver)
+
+    def driver_version(self, node: str, driver: str) -> str | None:
+        """See :meth:`ClusterView.driver_version`."""
+        return self.driver_versions.get(node, {}).get(driver)
+
+    def attach_errors(self, node: str, driver: str, since: datetime) -> Sequence[AttachError] | None:
+        """See :meth:`ClusterView.attach_errors`."""
+        errors = self.attach_error_list.get((node, driver))
+        if errors is None:
+            return [] if self.known_attach_errors else None
+        return [e for e in errors if e.time >= since]
+
+    def attached_volumes(self, node: str, driver: str) -> int | None:
+        """See :meth:`ClusterView.attached_volumes`."""
+        return self.attached.get((node, driver))
+
+
+class UnknownClusterView:
+    """A :class:`ClusterView` that knows nothing: the offline default when no cluster is configured."""
+
+    def node_labels(self, node: str) -> Mapping[str, str] | None:
+        """Always unknown."""
+        return None
+
+    def kubelet_version(self, node: str) -> str | None:
+        """Always unknown."""
+        return None
+
+    def driver_update_period(self, driver: str) -> float | None:
+        """Always unknown."""
+        return None
+
+    def driver_version(self, node: str, driver: str) -> str | None:
+        """Always unknown."""
+        return None
+
+    def attach_errors(self, node: str, driver: str, since: datetime) -> Sequence[AttachError] | None:
+        """Always unknown."""
+        return None
+
+    def attached_volumes(self, node: str, driver: str) -> int | None:
+        """Always unknown."""
+        return None
+
+
+@dataclass(frozen=True)
+class PodVersionSource:
+    """Policy ``versionSource`` of type ``pod`` for one driver: where the driver's node pods run.
+
+    ``namespace`` and ``match_labels`` (a label selector's ``matchLabels``) select the driver's node pods;
+    the version is read from the image tag of ``container`` (``registry/image:v1.37.0`` -> ``v1.37.0``), or,
+    when ``label`` is set, from that pod label. Only Running pods with ``spec.nodeName`` equal to the node count.
+    """
+
+    driver: str
+    namespace: str
+    match_labels: tuple[tuple[str, str], ...]
+    container: str | None = None
+    label: str | None = None

@@ -1,0 +1,62 @@
+"""``change-rate``: increases of one entry that come too often.
+
+An increase sooner than max(``minInterval``, the CSIDriver's ``spec.nodeAllocatableUpdatePeriodSeconds``) after
+the entry's last accepted change is a violation (default ``deny``: kubelet retries at its next period, KEP-4876).
+Decreases and registrations (a plugin registering, also right after a restart) are exempt.
+
+The cluster-wide increase budget (``clusterBudget``, per replica) is the rule's second input, as the cluster view
+is an input of the others: an increase the request would admit when the budget has no room for all of them is a
+violation (:func:`check_budget`). The evaluation owns the token bucket: once every rule judged every change, it asks
+the bucket for the increases it would admit and gives the answer in ``RuleContext.cluster_budget``.
+"""
+
+from __future__ import annotations
+
+from webhook.admission.durations import format_duration
+from webhook.admission.rules.base import RuleContext, Violation
+
+RULE_ID = "change-rate"
+
+
+def min_interval(ctx: RuleContext) -> float:
+    """Seconds that must pass between accepted changes of this entry before an increase."""
+    period = ctx.update_period or 0.0
+    return max(ctx.driver_policy.rules.min_interval, period)
+
+
+def check(ctx: RuleContext) -> list[Violation]:
+    """Violation when an increase follows the entry's last accepted change too closely."""
+    if not ctx.change.is_increase or ctx.change.registration or ctx.entry is None or ctx.justified:
+        return []
+    interval = min_interval(ctx)
+    elapsed = (ctx.now - ctx.entry.changed_at).total_seconds()
+    if elapsed >= interval:
+        return []
+    return [
+        Violation(
+            rule=RULE_ID,
+            action=ctx.driver_policy.rules.rate_action,
+            why=f"{format_duration(max(elapsed, 0))} after the last accepted change; the minimum is "
+            f"{format_duration(interval)}",
+            proceed="kubelet retries at its next update period; if the driver flaps, fix its NodeGetInfo",
+            clamp_to=ctx.change.old,
+        )
+    ]
+
+
+def check_budget(ctx: RuleContext) -> list[Violation]:
+    """Violation when the cluster-wide increase budget (``ctx.cluster_budget``) has no room for the request's
+    increases, this one among them (clamped to the old count); nothing before the budget was asked, when it had
+    room, or for a decrease or a registration."""
+    budget = ctx.cluster_budget
+    if budget is None or budget.room or not ctx.change.is_increase or ctx.change.registration:
+        return []
+    return [
+        Violation(
+            rule=RULE_ID,
+            action=ctx.driver_policy.rules.rate_action,
+            why=f"the cluster-wide increase budget ({budget.rate:g}/s, burst {budget.burst}) is used up",
+            proceed="kubelet retries at its next update period; many nodes raising counts at once is worth a look",
+            clamp_to=ctx.change.old,
+        )
+    ]

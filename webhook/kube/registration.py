@@ -1,0 +1,433 @@
+"""The guard's two webhook configurations, built as plain dicts: two webhook entries in each.
+
+``csinode-guard register`` applies what :func:`build_webhook_configurations` returns, and
+``deploy/base/webhooks.yaml`` declares the same objects for ``kubectl apply -k``; the tests in ``tests/deploy``
+keep both equal (rules, matchConditions, failurePolicy, timeouts, everything but the CA bundle wiring).
+
+What reaches the guard, and why (Kubernetes facts this module relies on):
+
+- ``CREATE`` and ``UPDATE`` of ``storage.k8s.io/v1`` ``csinodes``; never DELETE (a removal of the whole object is
+  not judged). kubelet creates its CSINode, registers each driver into it (``InstallCSIDriver``: a driver entry
+  appears, or an entry is rewritten when its ``nodeID`` or ``topologyKeys`` changed), removes a driver whose
+  node plugin goes away, and updates counts (KEP-4876). If it cannot create its CSINode or register a driver it
+  marks the node NotReady and finally exits (~140 s of failed registration), so those writes must never fail.
+- Two entries per configuration carry DESIGN.md's asymmetry, split by complementary ``matchConditions``:
+
+  * ``mutate.csinode-guard.io`` / ``validate.csinode-guard.io``, ``failurePolicy: Fail``: an UPDATE that raises
+    the count of an entry that stays (same name, ``nodeID`` and ``topologyKeys``; bounded -> unbounded
+    included), or that changes a trust-raising annotation (justification, driver versions) or the guard's
+    state alone, without any registration or removal. A guard that is down admits none of these.
+  * ``mutate-never-refused.csinode-guard.io`` / ``validate-never-refused.csinode-guard.io``,
+    ``failurePolicy: Ignore``: every other write that matters: a CREATE, a registration, a removal, a count
+    decrease (and any guard annotation change riding on those). The guard judges them when it can (clamps a
+    registration's count, never refuses it); a guard that is down, hanging or misconfigured blocks none.
+
+  Exactly one entry of a configuration matches a write, or none (label edits, kubelet's
+  ``storage.alpha.kubernetes.io/migrated-plugins`` annotation, a PUT that changes nothing the guard reads).
+  What went through unjudged under ``Ignore`` is reconciled at the next judged write of the object (see
+  :mod:`webhook.admission.evaluation`).
+- The documented matching logic: if any match condition is ``false`` the webhook is skipped; if all are
+  ``true`` it is called; if one *errors* (and none is ``false``) the ``failurePolicy`` decides, and with
+  ``Fail`` the request is rejected. A CEL error is therefore as dangerous as a denial, so the expressions are
+  written never to fail on any object the apiserver can produce: ``spec.drivers`` is ``null`` (not ``[]``) on a
+  CSINode without drivers (the Go field has no ``omitempty``), and so is ``topologyKeys`` of a driver without
+  any; ``metadata.annotations``, ``allocatable`` and ``allocatable.count`` are simply absent when unset;
+  ``oldObject`` is ``null`` on CREATE, so every expression that reads it is behind ``request.operation ==
+  'UPDATE' &&`` (CEL's ``&&`` and ``||`` are short-circuiting, also past errors). Every access is guarded by
+  ``has()`` or a type test.
+- ``object`` and ``oldObject`` are untyped (``dyn``) maps for webhooks: the apiserver converts the versioned
+  object to unstructured JSON before evaluation, so field names are the JSON ones (``allocatable.count``).
+
+This module is pure: it performs no I/O and imports neither kubernetes nor Flask; ``register`` and
+``unregister`` send what it builds.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import yaml
+
+from webhook.admission.justification import JUSTIFICATION_ANNOTATION
+from webhook.admission.policy import DRIVER_VERSIONS_ANNOTATION
+from webhook.admission.state import STATE_ANNOTATION
+
+CONFIGURATION_NAME: Final = "csinode-guard"
+"""``metadata.name`` of both the MutatingWebhookConfiguration and the ValidatingWebhookConfiguration."""
+
+MUTATING_WEBHOOK_NAME: Final = "mutate.csinode-guard.io"
+VALIDATING_WEBHOOK_NAME: Final = "validate.csinode-guard.io"
+"""The entries with ``failurePolicy: Fail``: writes that raise a count or trust."""
+MUTATING_NEVER_REFUSED_NAME: Final = "mutate-never-refused.csinode-guard.io"
+VALIDATING_NEVER_REFUSED_NAME: Final = "validate-never-refused.csinode-guard.io"
+"""The entries with ``failurePolicy: Ignore``: CREATE, registrations, removals, decreases."""
+MUTATE_PATH: Final = "/mutate"
+VALIDATE_PATH: Final = "/validate"
+
+SERVICE_NAME: Final = "csinode-guard"
+SERVICE_NAMESPACE: Final = "csinode-guard"
+SERVICE_PORT: Final = 443
+
+WEBHOOK_COMPONENT: Final = "admission-webhooks"
+"""``app.kubernetes.io/component`` of both configurations, and of no other object in ``deploy/``: the documented
+install applies everything else first (``kubectl apply -k deploy/ -l app.kubernetes.io/component!=admission-webhooks``)
+and the configurations last, once the guard is ready, so that no write is refused on the way in."""
+
+LABELS: Final[Mapping[str, str]] = {
+    "app.kubernetes.io/name": "csinode-guard",
+    "app.kubernetes.io/component": WEBHOOK_COMPONENT,
+}
+"""Labels on both configurations (``unregister`` finds them by name, not by label)."""
+
+TRUST_ANNOTATIONS: Final = (JUSTIFICATION_ANNOTATION, DRIVER_VERSIONS_ANNOTATION)
+"""Annotations that raise what the guard trusts: an approver's justification, a reporter's driver versions.
+(A policy may name another driver-versions annotation; only this default one is in the conditions.)"""
+GUARD_ANNOTATIONS: Final = (STATE_ANNOTATION, *TRUST_ANNOTATIONS)
+"""The CSINode annotations whose change always reaches the guard: its signed state, operator approvals and
+declared driver versions."""
+
+TIMEOUT_SECONDS: Final = 5
+"""``timeoutSeconds`` of both webhooks (the API default is 10, the maximum 30).
+
+The kubelet's CSINode PUT waits for the mutating call, then the validating call (and a reinvocation), and holds
+an apiserver request seat in the API Priority and Fairness level that serves the node's other requests all that
+time; a hung guard at the default 10 s would stretch every kubelet attempt (4 quick retries per period) to 20 s
+or more. The guard answers inside its own internal budget, well under a second; 5 s leaves room for a TLS
+handshake and a scheduling hiccup and still fails fast. When it fails, ``FAILURE_POLICY`` applies.
+"""
+
+FAILURE_POLICY: Final = "Fail"
+"""``failurePolicy`` of the entries for increases (:data:`MUTATING_WEBHOOK_NAME`, :data:`VALIDATING_WEBHOOK_NAME`).
+
+A rejected increase leaves the last accepted count in place: the scheduler keeps using a value that was already
+trusted, attach stays the final check, and kubelet retries at its next period -- the outcome of a denial.
+``Ignore`` here would turn "the guard is down" (or made unreachable) into "every increase is accepted unchecked".
+The emergency switch is ``csinode-guard unregister`` (see docs/operations.md).
+"""
+
+NEVER_REFUSED_FAILURE_POLICY: Final = "Ignore"
+"""``failurePolicy`` of the entries for writes that must never fail: CREATE, registration, removal, decrease.
+
+A kubelet that cannot register a driver exits; a decrease is the safe direction. The guard clamps what these
+carry when it answers, and a write that went through without it is reconciled at the object's next judged write
+(the lower count counts as accepted, a higher one is judged from the last count the guard accepted).
+"""
+
+MATCH_POLICY: Final = "Equivalent"
+SIDE_EFFECTS: Final = "None"
+ADMISSION_REVIEW_VERSIONS: Final = ("v1",)
+REINVOCATION_POLICY: Final = "IfNeeded"
+"""The mutating webhook runs again when a later mutating webhook changed the object, so its state annotation
+and clamped count are computed on the final object (the validating webhook then checks that final object)."""
+
+UPDATE_ONLY_CONDITION_NAME: Final = "update-only"
+UPDATE_ONLY_EXPRESSION: Final = "request.operation == 'UPDATE'"
+CREATE_OR_UPDATE_CONDITION_NAME: Final = "create-or-update-only"
+CREATE_OR_UPDATE_EXPRESSION: Final = "request.operation == 'CREATE' || request.operation == 'UPDATE'"
+
+
+def _quoted(values: Sequence[str]) -> str:
+    return ", ".join(f"'{value}'" for value in values)
+
+
+def _drivers(obj: str) -> str:
+    return f"(has({obj}.spec.drivers) && type({obj}.spec.drivers) == list ? {obj}.spec.drivers : [])"
+
+
+def _count(d: str) -> str:
+    return f"(has({d}.allocatable) && has({d}.allocatable.count) ? [{d}.allocatable.count] : [])"
+
+
+def _topology(d: str) -> str:
+    return f"(has({d}.topologyKeys) && type({d}.topologyKeys) == list ? {d}.topologyKeys : [])"
+
+
+def _node_id(d: str) -> str:
+    return f"(has({d}.nodeID) ? {d}.nodeID : '')"
+
+
+def _annotations_changed(keys: Sequence[str]) -> str:
+    return f"""[{_quoted(keys)}].exists(k,
+    (has(object.metadata.annotations) && k in object.metadata.annotations
+      ? [object.metadata.annotations[k]] : [])
+    != (has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations
+      ? [oldObject.metadata.annotations[k]] : []))"""
+
+
+def same_entry(o: str, d: str) -> str:
+    """CEL: the driver entries ``o`` (old) and ``d`` (new) are the same registration -- same ``name``,
+    ``nodeID`` and ``topologyKeys``. An entry rewritten with another ``nodeID`` or ``topologyKeys`` is a
+    registration (kubelet's ``InstallCSIDriver``), never a count change; the VAP floor pairs entries the same way."""
+    return f"{o}.name == {d}.name && {_node_id(o)} == {_node_id(d)} && {_topology(o)} == {_topology(d)}"
+
+
+_SAME_ENTRY = same_entry("o", "d")
+_NEW, _OLD = _drivers("object"), _drivers("oldObject")
+
+INCREASE: Final = f"""{_NEW}.exists(d, {_OLD}.exists(o,
+    {_SAME_ENTRY}
+    && {_count('o')}.exists(oc, {_count('d')}.size() == 0 || {_count('d')}.exists(dc, dc > oc))))"""
+"""Some entry that stays (same name, nodeID and topologyKeys) gets a higher count or loses it (unbounded)."""
+
+STRUCTURAL: Final = f"""({_NEW}.exists(d, !{_OLD}.exists(o,
+    {_SAME_ENTRY}))
+  || {_OLD}.exists(o, !{_NEW}.exists(d, d.name == o.name)))"""
+"""A registration (an entry that appears, or rewritten with another nodeID/topologyKeys) or a removal."""
+
+COUNT_CHANGED: Final = f"""{_NEW}.exists(d, {_OLD}.exists(o,
+    {_SAME_ENTRY}
+    && {_count('d')} != {_count('o')}))"""
+"""Some entry that stays changes its count (to or from absent ``allocatable``/``count`` included)."""
+
+RAISES: Final = f"""{INCREASE}
+|| !{STRUCTURAL}
+  && ({_annotations_changed(TRUST_ANNOTATIONS)}
+    || {_annotations_changed((STATE_ANNOTATION,))}
+    && !{COUNT_CHANGED})"""
+"""True for the writes the ``Fail`` entries take (evaluated on UPDATE only): an increase, or a change of a
+trust-raising annotation -- or of the guard's state alone -- without a registration or removal.
+
+Counts are compared as ``[count]`` or ``[]`` (absent), so no sentinel value can collide with a real one; drivers
+are matched by name, never by index (kubelet re-appends the driver it updates). The state annotation counts
+only without a count change, because /validate sees the state /mutate just wrote on every admitted change.
+"""
+
+RAISES_CONDITION_NAME: Final = "raises-a-count-or-trust"
+RAISES_EXPRESSION: Final = f"request.operation == 'UPDATE' && ({RAISES})"
+
+NEVER_REFUSED_CONDITION_NAME: Final = "registration-removal-create-or-decrease"
+NEVER_REFUSED_EXPRESSION: Final = f"""request.operation == 'CREATE'
+|| request.operation == 'UPDATE' && !({RAISES})
+  && ({STRUCTURAL}
+    || {COUNT_CHANGED}
+    || {_annotations_changed(GUARD_ANNOTATIONS)})"""
+"""The complement of :data:`RAISES_EXPRESSION` among the writes that matter: a CREATE, or an UPDATE with a
+registration, a removal, a count decrease or a guard annotation change that does not raise anything."""
+
+MATCH_CONDITIONS: Final[tuple[Mapping[str, str], ...]] = (
+    {"name": UPDATE_ONLY_CONDITION_NAME, "expression": UPDATE_ONLY_EXPRESSION},
+    {"name": RAISES_CONDITION_NAME, "expression": RAISES_EXPRESSION},
+)
+"""The ``Fail`` entries' conditions. ``update-only`` keeps every other operation out even if someone widens
+``rules``: a ``false`` condition skips the webhook whatever the others evaluate to."""
+
+NEVER_REFUSED_MATCH_CONDITIONS: Final[tuple[Mapping[str, str], ...]] = (
+    {"name": CREATE_OR_UPDATE_CONDITION_NAME, "expression": CREATE_OR_UPDATE_EXPRESSION},
+    {"name": NEVER_REFUSED_CONDITION_NAME, "expression": NEVER_REFUSED_EXPRESSION},
+)
+"""The ``Ignore`` entries' conditions (``create-or-update-only`` keeps DELETE out even with widened rules)."""
+
+RULES: Final[tuple[Mapping[str, Any], ...]] = (
+    {
+        "operations": ["CREATE", "UPDATE"],
+        "apiGroups": ["storage.k8s.io"],
+        "apiVersions": ["v1"],
+        "resources": ["csinodes"],
+        "scope": "Cluster",
+    },
+)
+
+
+def _py_drivers(obj: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    raw = ((obj or {}).get("spec") or {}).get("drivers")
+    return [d for d in raw if isinstance(d, Mapping)] if isinstance(raw, list) else []
+
+
+def _py_count(entry: Mapping[str, Any]) -> list[Any]:
+    allocatable = entry.get("allocatable")
+    if isinstance(allocatable, Mapping) and allocatable.get("count") is not None:
+        return [allocatable["count"]]
+    return []
+
+
+def _py_same_entry(o: Mapping[str, Any], d: Mapping[str, Any]) -> bool:
+    def topology(e: Mapping[str, Any]) -> list[Any]:
+        keys = e.get("topologyKeys")
+        return keys if isinstance(keys, list) else []
+
+    return bool(o.get("name") == d.get("name") and o.get("nodeID", "") == d.get("nodeID", "")
+                and topology(o) == topology(d))
+
+
+def _py_annotation(obj: Mapping[str, Any] | None, key: str) -> list[str]:
+    annotations = ((obj or {}).get("metadata") or {}).get("annotations")
+    if isinstance(annotations, Mapping) and key in annotations:
+        return [annotations[key]]
+    return []
+
+
+def webhook_entry(operation: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> str | None:
+    """Which entry of a configuration the apiserver calls for a write: ``"fail"`` (the increases entry,
+    ``failurePolicy: Fail``), ``"ignore"`` (the never-refused entry) or None (neither).
+
+    The Python reading of :data:`MATCH_CONDITIONS` and :data:`NEVER_REFUSED_MATCH_CONDITIONS`, for the offline
+    admission chain (``policy test``, ``replay``); tests/deploy checks both agree on many objects.
+    """
+    if operation == "CREATE":
+        return "ignore"
+    if operation != "UPDATE":
+        return None
+    new_drivers, old_drivers = _py_drivers(new), _py_drivers(old)
+    pairs = [(o, d) for d in new_drivers for o in old_drivers if _py_same_entry(o, d)]
+    increase = any(
+        _py_count(o) and (not _py_count(d) or any(dc > oc for dc in _py_count(d) for oc in _py_count(o)))
+        for o, d in pairs
+    )
+    paired_new = {id(d) for _, d in pairs}
+    new_names = {d.get("name") for d in new_drivers}
+    structural = any(id(d) not in paired_new for d in new_drivers) or any(
+        o.get("name") not in new_names for o in old_drivers
+    )
+    count_changed = any(_py_count(d) != _py_count(o) for o, d in pairs)
+
+    def changed(keys: Sequence[str]) -> bool:
+        return any(_py_annotation(new, k) != _py_annotation(old, k) for k in keys)
+
+    raises = increase or (
+        not structural and (changed(TRUST_ANNOTATIONS) or (changed((STATE_ANNOTATION,)) and not count_changed))
+    )
+    if raises:
+        return "fail"
+    if structural or count_changed or changed(GUARD_ANNOTATIONS):
+        return "ignore"
+    return None
+
+
+@dataclass(frozen=True)
+class WebhookTarget:
+    """Where the apiserver sends the guard's AdmissionReviews, and which CA it trusts for that.
+
+    ``ca_bundle`` is PEM (one or more CA certificates: during a CA rotation both the old and the new CA); None
+    leaves ``caBundle`` out, for a CA injector (cert-manager's cainjector) to fill in. ``url`` replaces the
+    in-cluster Service reference (``https://host:port``, paths are appended), for a guard running outside the
+    cluster during development.
+    """
+
+    service_name: str = SERVICE_NAME
+    service_namespace: str = SERVICE_NAMESPACE
+    service_port: int = SERVICE_PORT
+    ca_bundle: bytes | None = None
+    url: str | None = None
+
+
+def encode_ca_bundle(pem: bytes) -> str:
+    """The ``clientConfig.caBundle`` value for PEM bytes: standard base64 (the API field is ``[]byte``)."""
+    return base64.b64encode(pem).decode("ascii")
+
+
+def build_client_config(target: WebhookTarget, path: str) -> dict[str, Any]:
+    """``clientConfig`` for one webhook of ``target`` serving ``path`` (``/mutate`` or ``/validate``)."""
+    config: dict[str, Any]
+    if target.url is not None:
+        config = {"url": target.url.rstrip("/") + path}
+    else:
+        config = {
+            "service": {
+                "name": target.service_name,
+                "namespace": target.service_namespace,
+                "path": path,
+                "port": target.service_port,
+            }
+        }
+    if target.ca_bundle is not None:
+        config["caBundle"] = encode_ca_bundle(target.ca_bundle)
+    return config
+
+
+def _webhook(name: str, target: WebhookTarget, path: str, *, never_refused: bool = False) -> dict[str, Any]:
+    conditions = NEVER_REFUSED_MATCH_CONDITIONS if never_refused else MATCH_CONDITIONS
+    return {
+        "name": name,
+        "clientConfig": build_client_config(target, path),
+        "rules": copy.deepcopy([dict(rule) for rule in RULES]),
+        "matchPolicy": MATCH_POLICY,
+        "matchConditions": [dict(condition) for condition in conditions],
+        "failurePolicy": NEVER_REFUSED_FAILURE_POLICY if never_refused else FAILURE_POLICY,
+        "sideEffects": SIDE_EFFECTS,
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "admissionReviewVersions": list(ADMISSION_REVIEW_VERSIONS),
+    }
+
+
+def _metadata(name: str, annotations: Mapping[str, str] | None) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "labels": dict(LABELS)}
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return metadata
+
+
+def build_mutating_webhook_configuration(
+    target: WebhookTarget | None = None,
+    *,
+    name: str = CONFIGURATION_NAME,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The ``admissionregistration.k8s.io/v1`` MutatingWebhookConfiguration for ``target``.
+
+    ``target`` defaults to the in-cluster Service without a CA bundle; ``annotations`` go onto the object's
+    metadata (e.g. ``cert-manager.io/inject-ca-from``).
+    """
+    webhooks = [
+        _webhook(MUTATING_WEBHOOK_NAME, target or WebhookTarget(), MUTATE_PATH),
+        _webhook(MUTATING_NEVER_REFUSED_NAME, target or WebhookTarget(), MUTATE_PATH, never_refused=True),
+    ]
+    for webhook in webhooks:
+        webhook["reinvocationPolicy"] = REINVOCATION_POLICY
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": _metadata(name, annotations),
+        "webhooks": webhooks,
+    }
+
+
+def build_validating_webhook_configuration(
+    target: WebhookTarget | None = None,
+    *,
+    name: str = CONFIGURATION_NAME,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The ``admissionregistration.k8s.io/v1`` ValidatingWebhookConfiguration for ``target``."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": _metadata(name, annotations),
+        "webhooks": [
+            _webhook(VALIDATING_WEBHOOK_NAME, target or WebhookTarget(), VALIDATE_PATH),
+            _webhook(VALIDATING_NEVER_REFUSED_NAME, target or WebhookTarget(), VALIDATE_PATH, never_refused=True),
+        ],
+    }
+
+
+def build_webhook_configurations(
+    target: WebhookTarget | None = None,
+    *,
+    name: str = CONFIGURATION_NAME,
+    annotations: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Both configurations, mutating first (the order ``register`` applies them in)."""
+    return [
+        build_mutating_webhook_configuration(target, name=name, annotations=annotations),
+        build_validating_webhook_configuration(target, name=name, annotations=annotations),
+    ]
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    """A SafeDumper that writes multi-line strings (the CEL expression) as ``|`` blocks."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_LiteralDumper.add_representer(str, _represent_str)
+
+
+def dump_yaml(objects: Sequence[Mapping[str, Any]]) -> str:
+    """A multi-document YAML stream of ``objects`` (what ``register --dry-run`` prints); loads back equal."""
+    return yaml.dump_all([dict(obj) for obj in objects], Dumper=_LiteralDumper, sort_keys=False, width=120)

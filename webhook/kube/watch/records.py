@@ -1,0 +1,236 @@
+"""Slim cache records: only the fields the rules read, parsed from the API's JSON.
+
+The kubernetes client's models validate every field of every object (pydantic) and keep them all; a watch cache of
+thousands of Nodes and VolumeAttachments built from them is slow to fill and large. The providers parse the JSON
+themselves and keep one small frozen record per object. Strings that repeat across objects (label keys and values,
+image names, driver and node names) are interned so that 5,000 records share one copy of each.
+
+The parse functions are pure: a decoded object (``dict``) in, a record or None out.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import semver
+
+from webhook.admission import versions
+from webhook.admission.cluster import AttachError, PodVersionSource
+
+_intern = sys.intern
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A Node: ``metadata.labels`` and ``status.nodeInfo.kubeletVersion`` (e.g. ``v1.35.1``, "" when unset)."""
+
+    labels: Mapping[str, str]
+    kubelet_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class CSIDriverRecord:
+    """A CSIDriver: ``spec.nodeAllocatableUpdatePeriodSeconds`` in seconds (None when unset, KEP-4876)."""
+
+    update_period: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeAttachmentRecord:
+    """A VolumeAttachment (storage.k8s.io/v1).
+
+    ``driver`` is ``spec.attacher``, ``node`` is ``spec.nodeName``, ``attached`` is ``status.attached``, ``error``
+    is ``status.attachError`` (None when absent or when it carries no ``time``).
+    """
+
+    node: str
+    driver: str
+    attached: bool
+    error: AttachError | None
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """A Running driver pod: ``spec.nodeName``, ``metadata.labels`` and ``spec.containers[].{name,image}``."""
+
+    node: str
+    labels: Mapping[str, str]
+    images: tuple[tuple[str, str], ...]
+
+    def version(self, source: PodVersionSource) -> str | None:
+        """The driver version this pod reports under ``source``, unparsed (e.g. ``v1.37.0``), or None.
+
+        With ``source.label`` set, that pod label's value; otherwise the image tag of the container named
+        ``source.container`` (the first container when no name is given).
+        """
+        if source.label:
+            return self.labels.get(source.label) or None
+        for name, image in self.images:
+            if source.container is None or name == source.container:
+                return image_tag(image)
+        return None
+
+
+def object_key(obj: Mapping[str, Any]) -> str | None:
+    """The cache key of an object: ``namespace/name`` for namespaced objects, ``name`` otherwise."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    name = meta.get("name")
+    if not isinstance(name, str) or not name:
+        return None
+    namespace = meta.get("namespace")
+    return f"{namespace}/{name}" if isinstance(namespace, str) and namespace else name
+
+
+def resource_version(obj: Mapping[str, Any]) -> str | None:
+    """``metadata.resourceVersion`` of an object, a list or a BOOKMARK, or None."""
+    meta = obj.get("metadata")
+    if isinstance(meta, Mapping):
+        rv = meta.get("resourceVersion")
+        if isinstance(rv, str) and rv:
+            return rv
+    return None
+
+
+def _labels(meta: Mapping[str, Any]) -> Mapping[str, str]:
+    raw = meta.get("labels")
+    if not isinstance(raw, Mapping):
+        return {}
+    return {_intern(str(k)): _intern(str(v)) for k, v in raw.items()}
+
+
+def _get(obj: Mapping[str, Any], *path: str) -> Any:
+    value: Any = obj
+    for part in path:
+        if not isinstance(value, Mapping):
+            return None
+        value = value.get(part)
+    return value
+
+
+def parse_node(obj: Mapping[str, Any]) -> NodeRecord:
+    """A :class:`NodeRecord` from a core/v1 Node."""
+    version = _get(obj, "status", "nodeInfo", "kubeletVersion")
+    return NodeRecord(
+        labels=_labels(_get(obj, "metadata") or {}),
+        kubelet_version=_intern(version) if isinstance(version, str) else "",
+    )
+
+
+def parse_csidriver(obj: Mapping[str, Any]) -> CSIDriverRecord:
+    """A :class:`CSIDriverRecord` from a storage.k8s.io/v1 CSIDriver."""
+    period = _get(obj, "spec", "nodeAllocatableUpdatePeriodSeconds")
+    if isinstance(period, bool) or not isinstance(period, int | float):
+        return CSIDriverRecord(update_period=None)
+    return CSIDriverRecord(update_period=float(period))
+
+
+def parse_time(value: object) -> datetime | None:
+    """An RFC 3339 ``metav1.Time`` / ``MicroTime`` (``2025-03-01T12:00:00Z``) as an aware UTC datetime, or None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=UTC)
+    return parsed.astimezone(UTC)
+
+
+def parse_volume_attachment(obj: Mapping[str, Any]) -> VolumeAttachmentRecord:
+    """A :class:`VolumeAttachmentRecord` from a storage.k8s.io/v1 VolumeAttachment.
+
+    ``status.attachError.errorCode`` is the gRPC code the external-attacher copied from ControllerPublishVolume
+    (KEP-4876, Kubernetes >= 1.33); it may be absent on older clusters (``code`` None).
+    """
+    node = _get(obj, "spec", "nodeName")
+    driver = _get(obj, "spec", "attacher")
+    error: AttachError | None = None
+    raw_error = _get(obj, "status", "attachError")
+    if isinstance(raw_error, Mapping):
+        when = parse_time(raw_error.get("time"))
+        if when is not None:
+            code = raw_error.get("errorCode")
+            message = raw_error.get("message")
+            error = AttachError(
+                code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+                time=when,
+                volume_attachment=str(_get(obj, "metadata", "name") or ""),
+                message=message if isinstance(message, str) else "",
+            )
+    return VolumeAttachmentRecord(
+        node=_intern(node) if isinstance(node, str) else "",
+        driver=_intern(driver) if isinstance(driver, str) else "",
+        attached=_get(obj, "status", "attached") is True,
+        error=error,
+    )
+
+
+def parse_pod(obj: Mapping[str, Any]) -> PodRecord | None:
+    """A :class:`PodRecord` for a pod in phase Running with a ``spec.nodeName``; None for any other pod.
+
+    Only Running pods count as the driver version on a node (pending, succeeded and failed pods do not); the
+    caller drops a pod from the cache when it stops running.
+    """
+    if _get(obj, "status", "phase") != "Running":
+        return None
+    node = _get(obj, "spec", "nodeName")
+    if not isinstance(node, str) or not node:
+        return None
+    containers = _get(obj, "spec", "containers")
+    images: list[tuple[str, str]] = []
+    if isinstance(containers, list):
+        for container in containers:
+            if isinstance(container, Mapping):
+                name, image = container.get("name"), container.get("image")
+                if isinstance(name, str) and isinstance(image, str):
+                    images.append((_intern(name), _intern(image)))
+    return PodRecord(node=_intern(node), labels=_labels(_get(obj, "metadata") or {}), images=tuple(images))
+
+
+def image_tag(image: str) -> str | None:
+    """The tag of a container image reference, or None when it has none.
+
+    ``public.ecr.aws/ebs-csi-driver/aws-ebs-csi-driver:v1.37.0`` -> ``v1.37.0``; a digest is ignored
+    (``repo:v1.2@sha256:...`` -> ``v1.2``; ``repo@sha256:...`` -> None); a registry port is not a tag
+    (``registry:5000/repo`` -> None). Reference grammar: distribution/reference ``reference.go``.
+    """
+    name = image.split("@", 1)[0]
+    colon = name.rfind(":")
+    if colon > name.rfind("/"):
+        return name[colon + 1 :] or None
+    return None
+
+
+def parse_version(text: str) -> semver.Version | None:
+    """A version string as :class:`semver.Version` (``webhook.admission.versions`` rules), or None when it is not one.
+
+    Vendor build suffixes (``-eksbuild.1``) are builds of their release; real pre-releases (``-rc.1``) order
+    below it. Cached in ``webhook.admission.versions``: the admission path calls it on every lookup.
+    """
+    try:
+        return versions.parse_version(text)
+    except versions.VersionError:
+        return None
+
+
+def lowest_version(versions: list[str]) -> str | None:
+    """The lowest of ``versions`` by SemVer precedence; unparsable ones are ignored; None when none parses.
+
+    Two strings of equal precedence (``v1.37`` and ``1.37.0``) resolve to the lexically smaller one, so the answer
+    does not depend on the order of the input.
+    """
+    best: tuple[semver.Version, str] | None = None
+    for text in versions:
+        parsed = parse_version(text)
+        if parsed is None:
+            continue
+        if best is None or parsed < best[0] or (parsed == best[0] and text < best[1]):
+            best = (parsed, text)
+    return best[1] if best else None

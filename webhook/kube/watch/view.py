@@ -1,0 +1,378 @@
+""":class:`KubernetesClusterView`: the :class:`~webhook.admission.cluster.ClusterView` answered from watch caches.
+
+Four kinds of cache, each filled by its own :class:`~webhook.kube.watch.reflector.Reflector` thread:
+
+==================  =============================================  ===========================================
+kind                collection                                     kept per object
+==================  =============================================  ===========================================
+nodes               ``/api/v1/nodes``                              labels, ``status.nodeInfo.kubeletVersion``
+csidrivers          ``/apis/storage.k8s.io/v1/csidrivers``         ``spec.nodeAllocatableUpdatePeriodSeconds``
+volumeattachments   ``/apis/storage.k8s.io/v1/volumeattachments``  attacher, nodeName, attached, attachError
+pods                ``/api/v1/namespaces/<ns>/pods?labelSelector``  Running pods only: node, labels, images
+==================  =============================================  ===========================================
+
+There is one pod watch per distinct (namespace, label selector) of the policy's ``pod`` version sources.
+
+The admission path only reads: each lookup checks the cache's freshness (two attribute reads), then takes the
+store's lock with the lookup budget; it never calls the API and never waits longer than the budget.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from webhook.admission.cluster import AttachError, PodVersionSource
+from webhook.kube.watch import metrics
+from webhook.kube.watch.records import (
+    CSIDriverRecord,
+    NodeRecord,
+    PodRecord,
+    VolumeAttachmentRecord,
+    lowest_version,
+    parse_csidriver,
+    parse_node,
+    parse_pod,
+    parse_volume_attachment,
+)
+from webhook.kube.watch.reflector import Reflector
+from webhook.kube.watch.settings import CacheSettings
+from webhook.kube.watch.store import Store
+from webhook.kube.watch.transport import CollectionClient
+
+log = logging.getLogger("webhook.providers.view")
+
+R = TypeVar("R")
+
+KINDS = ("nodes", "csidrivers", "volumeattachments", "pods")
+"""Cache kinds, as used in the ``kind`` label of the cache metrics."""
+
+PodWatchKey = tuple[str, str]
+"""(namespace, label selector) of one pod watch."""
+
+
+def label_selector(match_labels: Sequence[tuple[str, str]]) -> str:
+    """A label selector string from ``matchLabels`` pairs: ``app=ebs-csi-node,tier=node`` (sorted, deduplicated)."""
+    return ",".join(f"{key}={value}" for key, value in sorted(set(match_labels)))
+
+
+def _attached_key(record: VolumeAttachmentRecord) -> tuple[str, str] | None:
+    return (record.node, record.driver) if record.attached else None
+
+
+def _error_key(record: VolumeAttachmentRecord) -> tuple[str, str] | None:
+    return (record.node, record.driver) if record.error is not None else None
+
+
+def _pod_node_key(record: PodRecord) -> str:
+    return record.node
+
+
+class KubernetesClusterView:
+    """A :class:`~webhook.admission.cluster.ClusterView` over watch caches of the Kubernetes API, plus their lifecycle.
+
+    Construct it in the process that serves requests (with gunicorn: in each worker, after the fork -- threads do
+    not survive a fork), call :meth:`start`, poll :meth:`ready` from ``/readyz``, :meth:`stop` at shutdown.
+    Every lookup returns None (unknown) when its cache has not synced, when its watch has been down longer than
+    ``settings.max_staleness`` seconds, or when the cache's lock is not free within ``settings.lookup_budget``.
+    """
+
+    def __init__(
+        self,
+        api_client: Any,
+        pod_sources: Sequence[PodVersionSource] = (),
+        settings: CacheSettings | None = None,
+    ) -> None:
+        """``api_client`` is a configured ``kubernetes.client.ApiClient``; ``pod_sources`` are the policy's
+        ``pod`` version sources (replace them later with :meth:`set_pod_sources`)."""
+        self._api = api_client
+        self._settings = settings or CacheSettings()
+        self._budget = self._settings.lookup_budget
+        self._max_staleness = self._settings.max_staleness
+        self.nodes: Reflector[NodeRecord] = self._reflector("nodes", "/api/v1/nodes", parse_node, Store("nodes"))
+        self.csidrivers: Reflector[CSIDriverRecord] = self._reflector(
+            "csidrivers", "/apis/storage.k8s.io/v1/csidrivers", parse_csidriver, Store("csidrivers")
+        )
+        self.volumeattachments: Reflector[VolumeAttachmentRecord] = self._reflector(
+            "volumeattachments",
+            "/apis/storage.k8s.io/v1/volumeattachments",
+            parse_volume_attachment,
+            Store("volumeattachments", {"attached": _attached_key, "errors": _error_key}),
+        )
+        self._pod_watches: dict[PodWatchKey, Reflector[PodRecord]] = {}
+        self._pod_sources: Mapping[str, tuple[PodVersionSource, Reflector[PodRecord]]] = {}
+        self._sources_lock = threading.Lock()
+        self._started_at: float | None = None
+        self._stopped = threading.Event()
+        self._monitor: threading.Thread | None = None
+        self._state_lock = threading.Lock()  # readiness transitions (request threads and the monitor)
+        self._ready = False
+        self._degraded = False
+        self._published_errors: set[tuple[str, str]] = set()
+        self.set_pod_sources(pod_sources)
+
+    def _reflector(
+        self,
+        kind: str,
+        path: str,
+        parse: Callable[[Mapping[str, Any]], R | None],
+        store: Store[R],
+        selector: str | None = None,
+        name: str | None = None,
+    ) -> Reflector[R]:
+        client = CollectionClient(self._api, path, label_selector=selector)
+        return Reflector(kind, client, parse, store, self._settings, name=name)
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every list/watch thread and the metrics monitor; returns at once (see :meth:`ready`)."""
+        if self._started_at is not None:
+            return
+        self._started_at = time.monotonic()
+        for reflector in self._reflectors():
+            reflector.start()
+        self._monitor = threading.Thread(target=self._run_monitor, name="csinode-guard-cache-monitor", daemon=True)
+        self._monitor.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End all threads: interrupt open watches, then wait up to ``timeout`` seconds in total.
+
+        A request the server has not answered yet cannot be interrupted; it ends within ``connect_timeout`` /
+        ``request_timeout`` / ``watch_read_timeout`` and its thread is a daemon, so it never blocks exit.
+        """
+        self._stopped.set()
+        reflectors = self._reflectors()
+        for reflector in reflectors:
+            reflector.stop()
+        deadline = time.monotonic() + timeout
+        for reflector in reflectors:
+            reflector.join(max(0.0, deadline - time.monotonic()))
+        if self._monitor is not None:
+            self._monitor.join(max(0.0, deadline - time.monotonic()))
+
+    def set_pod_sources(self, sources: Sequence[PodVersionSource]) -> None:
+        """Replace the policy's ``pod`` version sources (policy hot reload).
+
+        Watches of (namespace, selector) pairs still in use keep running and keep their cache; new pairs get a new
+        watch (unknown until it syncs); pairs no longer used are stopped. A driver named by two sources uses the
+        last one.
+        """
+        with self._sources_lock:
+            watches: dict[PodWatchKey, Reflector[PodRecord]] = {}
+            by_driver: dict[str, tuple[PodVersionSource, Reflector[PodRecord]]] = {}
+            for source in sources:
+                key = (source.namespace, label_selector(source.match_labels))
+                reflector = watches.get(key) or self._pod_watches.get(key)
+                if reflector is None:
+                    namespace, selector = key
+                    reflector = self._reflector(
+                        "pods",
+                        f"/api/v1/namespaces/{namespace}/pods",
+                        parse_pod,
+                        Store("pods", {"node": _pod_node_key}),
+                        selector=selector or None,
+                        name=f"pods-{namespace}-{selector}" if selector else f"pods-{namespace}",
+                    )
+                    if self._started_at is not None and not self._stopped.is_set():
+                        reflector.start()
+                watches[key] = reflector
+                if source.driver in by_driver:
+                    log.warning("two pod version sources for driver %s; using the last", source.driver)
+                by_driver[source.driver] = (source, reflector)
+            removed = [r for key, r in self._pod_watches.items() if key not in watches]
+            self._pod_sources = by_driver  # one reference swap: readers see the old or the new map
+            self._pod_watches = watches
+        for reflector in removed:
+            reflector.stop()
+
+    def _reflectors(self) -> list[Reflector[Any]]:
+        pods: list[Reflector[Any]] = list(self._pod_watches.values())
+        return [self.nodes, self.csidrivers, self.volumeattachments, *pods]
+
+    # --- readiness --------------------------------------------------------------------------------------------
+
+    def synced(self) -> bool:
+        """True when every cache (including every pod watch) has completed its initial list."""
+        return all(r.synced for r in self._reflectors())
+
+    def ready(self) -> bool:
+        """For ``/readyz``: True once every cache synced, or once ``cache_sync_timeout`` seconds passed since
+        :meth:`start` (degraded mode: logged, ``csinode_guard_cache_degraded`` = 1; unsynced caches answer
+        unknown). Once True it stays True, so a policy reload that adds a pod watch does not take every replica
+        out of the Service at once."""
+        if self._ready:
+            return True
+        if self._started_at is None:
+            return False
+        synced = self.synced()
+        timed_out = time.monotonic() - self._started_at >= self._settings.cache_sync_timeout
+        if not (synced or timed_out):
+            return False
+        with self._state_lock:
+            if self._ready:
+                return True
+            self._ready = True
+            if synced:
+                log.info("cluster caches synced; ready")
+                return True
+            self._degraded = True
+            metrics.CACHE_DEGRADED.set(1)
+            unsynced = sorted({r.name for r in self._reflectors() if not r.synced})
+            log.warning(
+                "cluster caches not synced after %.0f s (%s); ready in degraded mode: their facts are unknown",
+                self._settings.cache_sync_timeout,
+                ", ".join(unsynced),
+            )
+            return True
+
+    def readiness(self) -> tuple[bool, str]:
+        """:meth:`ready` with a reason for ``/readyz``: ``synced``, ``degraded: <kinds> not synced``, or
+        ``waiting for caches: <kinds>``."""
+        ready = self.ready()
+        unsynced = ", ".join(sorted({r.name for r in self._reflectors() if not r.synced}))
+        if not unsynced:
+            return ready, "synced"
+        return ready, (f"degraded: {unsynced} not synced" if ready else f"waiting for caches: {unsynced}")
+
+    def degraded(self) -> bool:
+        """True while the view is ready by timeout but some cache has still not synced."""
+        return self._degraded
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Per kind: ``synced`` (bool), ``fresh`` (bool), ``staleness_seconds`` (float), ``objects`` (int)."""
+        now = time.monotonic()
+        groups: dict[str, list[Reflector[Any]]] = {kind: [] for kind in KINDS}
+        for reflector in self._reflectors():
+            groups[reflector.kind].append(reflector)
+        return {
+            kind: {
+                "synced": all(r.synced for r in members),
+                "fresh": all(r.fresh(now, self._max_staleness) for r in members),
+                "staleness_seconds": max((r.staleness(now) for r in members), default=0.0),
+                "objects": sum(len(r.store) for r in members),
+            }
+            for kind, members in groups.items()
+        }
+
+    # --- ClusterView ------------------------------------------------------------------------------------------
+
+    def _get(self, reflector: Reflector[R], key: str) -> R | None:
+        if not reflector.fresh(time.monotonic(), self._max_staleness):
+            return None
+        available, record = reflector.store.get(key, self._budget)
+        if not available:
+            metrics.CACHE_LOOKUP_TIMEOUTS.labels(reflector.kind).inc()
+        return record
+
+    def _bucket(self, reflector: Reflector[R], index: str, key: object) -> Mapping[str, R] | None:
+        if not reflector.fresh(time.monotonic(), self._max_staleness):
+            return None
+        found = reflector.store.bucket(index, key, self._budget)
+        if found is None:
+            metrics.CACHE_LOOKUP_TIMEOUTS.labels(reflector.kind).inc()
+        return found
+
+    def node_labels(self, node: str) -> Mapping[str, str] | None:
+        """Labels of Node ``node`` (read-only mapping), or None when unknown (no such Node, or cache unknown)."""
+        record = self._get(self.nodes, node)
+        return None if record is None else MappingProxyType(record.labels)
+
+    def kubelet_version(self, node: str) -> str | None:
+        """``status.nodeInfo.kubeletVersion`` of Node ``node`` (``v1.35.1``), or None when unknown."""
+        record = self._get(self.nodes, node)
+        return (record.kubelet_version or None) if record is not None else None
+
+    def driver_update_period(self, driver: str) -> float | None:
+        """CSIDriver ``spec.nodeAllocatableUpdatePeriodSeconds`` in seconds; None when unset, absent or unknown."""
+        record = self._get(self.csidrivers, driver)
+        return None if record is None else record.update_period
+
+    def driver_version(self, node: str, driver: str) -> str | None:
+        """Version of ``driver`` on ``node`` from its ``pod`` version source: the lowest SemVer among the Running
+        pods of the source on that node (image tag of the named container, or the named label); None when no
+        source is configured for the driver, no Running pod reports a parsable version, or the cache is unknown."""
+        entry = self._pod_sources.get(driver)
+        if entry is None:
+            return None
+        source, reflector = entry
+        pods = self._bucket(reflector, "node", node)
+        if not pods:
+            return None
+        versions = [v for v in (pod.version(source) for pod in pods.values()) if v]
+        return lowest_version(versions)
+
+    def attach_errors(self, node: str, driver: str, since: datetime) -> Sequence[AttachError] | None:
+        """Attach errors on VolumeAttachments with ``spec.nodeName`` = node and ``spec.attacher`` = driver whose
+        ``status.attachError.time`` >= ``since`` (a naive ``since`` is taken as UTC), oldest first; an empty list
+        when there are none; None when unknown."""
+        bucket = self._bucket(self.volumeattachments, "errors", (node, driver))
+        if bucket is None:
+            return None
+        if since.tzinfo is None:
+            since = since.replace(tzinfo=UTC)
+        errors = [r.error for r in bucket.values() if r.error is not None and r.error.time >= since]
+        errors.sort(key=lambda e: (e.time, e.volume_attachment))
+        return errors
+
+    def attached_volumes(self, node: str, driver: str) -> int | None:
+        """VolumeAttachments with ``status.attached: true`` for (node, attacher = driver), or None when unknown."""
+        bucket = self._bucket(self.volumeattachments, "attached", (node, driver))
+        return None if bucket is None else len(bucket)
+
+    # --- metrics ----------------------------------------------------------------------------------------------
+
+    def has_csidriver(self, driver: str) -> bool:
+        """True when the CSIDriver cache holds an object named ``driver`` (False when unknown)."""
+        return self._get(self.csidrivers, driver) is not None
+
+    def observe_headroom(self, driver: str, allocatable: int | None, node: str, label: str | None = None) -> int | None:
+        """Record ``allocatable`` (a CSINode ``allocatable.count``) minus the attached volumes of (node, driver) in
+        the ``csinode_guard_attach_headroom_volumes`` histogram (labelled by driver only: ``label``, default the
+        driver's name) and return it; None (nothing recorded) when the count is unbounded or the attachments are
+        unknown."""
+        if allocatable is None:
+            return None
+        attached = self.attached_volumes(node, driver)
+        if attached is None:
+            return None
+        headroom = allocatable - attached
+        metrics.HEADROOM.labels(label or driver).observe(headroom)
+        return headroom
+
+    def _run_monitor(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self.publish_metrics()
+            except Exception:
+                log.exception("publishing cache metrics failed")
+            self._stopped.wait(self._settings.monitor_interval)
+
+    def publish_metrics(self) -> None:
+        """Set the cache gauges from the current state (the monitor thread calls this every second)."""
+        self.ready()  # notices the end of the sync timeout even when nobody polls /readyz
+        if self._degraded and self.synced():
+            with self._state_lock:
+                self._degraded = False
+                metrics.CACHE_DEGRADED.set(0)
+            log.info("all cluster caches synced; leaving degraded mode")
+        for kind, state in self.status().items():
+            metrics.CACHE_SYNCED.labels(kind).set(1 if state["synced"] else 0)
+            metrics.CACHE_OBJECTS.labels(kind).set(state["objects"])
+            metrics.CACHE_STALENESS.labels(kind).set(state["staleness_seconds"])
+        counts: Counter[tuple[str, str]] = Counter()
+        for bucket in self.volumeattachments.store.buckets("errors"):
+            for record in bucket.values():
+                if record.error is not None:
+                    counts[(record.driver, record.error.error_class.value)] += 1
+        for key in self._published_errors - counts.keys():
+            metrics.ATTACH_ERRORS.labels(*key).set(0)
+        for key, value in counts.items():
+            metrics.ATTACH_ERRORS.labels(*key).set(value)
+        self._published_errors |= counts.keys()

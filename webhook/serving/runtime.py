@@ -1,0 +1,211 @@
+"""Wiring for ``serve``: checks in the master, then one :class:`webhook.serving.app.Runtime` per worker process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from datetime import UTC, datetime
+from typing import Any
+
+from webhook.admission.policy import PolicyError
+from webhook.serving.logs import setup_logging
+from webhook.serving.settings import Settings
+
+log = logging.getLogger("csinode_guard.runtime")
+
+
+def run(settings: Settings) -> int:
+    """Start the server described by ``settings``; returns the process exit code.
+
+    Fails fast (exit code 2, one clear log line) on a broken policy, missing certificates with
+    ``--no-generate-certs``, or an unusable state key; it never starts half-configured.
+    """
+    setup_logging(settings.log_level)
+    from webhook.admission import state_key  # noqa: PLC0415
+    from webhook.admission.state import StateKeys  # noqa: PLC0415
+    from webhook.serving import dev_certs, ssl_context, tls  # noqa: PLC0415
+    from webhook.serving.live_policy import PolicyStore  # noqa: PLC0415
+    from webhook.serving.policy_metrics import PolicyCollector  # noqa: PLC0415
+    from webhook.serving.shared_budget import prepare_budget_dir  # noqa: PLC0415
+    from webhook.serving.workers import GuardApplication, gunicorn_options, start_metrics_server  # noqa: PLC0415
+
+    policy_metrics = PolicyCollector()
+    try:
+        # The master's own store: it checks the policy before any worker starts, and from when_ready on it
+        # watches the file for the policy metrics (once per replica; webhook.serving.policy_metrics).
+        master_store = PolicyStore(settings.policy, interval=settings.policy_reload_interval,
+                                   on_reload=policy_metrics.on_reload)
+        initial = master_store.current()
+    except PolicyError as exc:
+        log.error("policy refused, not starting: %s", exc)
+        return 2
+    try:
+        cert_file, key_file = settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key"
+        if not (cert_file.exists() and key_file.exists()):
+            if not settings.generate_certs:
+                raise tls.CertificateError(f"{cert_file} or {key_file} is missing (--no-generate-certs)")
+            names = list(dict.fromkeys([*tls.DEFAULT_DNS_NAMES, *settings.dns_names]))
+            dev_certs.ensure_dev_certs(settings.cert_dir, names)
+            log.warning("generated development certificates in %s (trust %s)", settings.cert_dir,
+                        settings.cert_dir / "ca.crt")
+        # With --client-ca the handshake verifies any certificate presented; /mutate and /validate then require
+        # one, while /healthz and /readyz stay reachable for kubelet's probes, which present none.
+        ssl_source = ssl_context.ReloadingSSLContext(
+            cert_file, key_file, client_ca=settings.client_ca, client_cert_optional=True
+        )
+        key_path = settings.state_key_path
+        if not key_path.exists() and (settings.state_key_file is not None or not settings.generate_certs):
+            # Only the development default (<cert-dir>/state.key) is ever generated: a mistyped path must not
+            # give each replica a key of its own.
+            raise state_key.StateKeyError(f"state key file {key_path} does not exist")
+        keys = StateKeys(state_key.ensure_state_key(key_path))
+        _check_writable_audit_log(settings.audit_log)
+        _check_port_free(settings.port, "HTTPS port", settings.host)
+        _check_port_free(settings.metrics_port, "metrics port")
+    except (tls.CertificateError, state_key.StateKeyError, OSError, ValueError) as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    for problem in tls.certificate_problems(cert_file):
+        log.error("serving certificate problem: %s", problem)
+    budget_dir = prepare_budget_dir()  # before the fork: the workers share the cluster increase budget
+    log.info(
+        "csinode-guard serving https://%s:%d (policy %s, hash %s; certificates in %s; audit log %s)",
+        settings.host, settings.port, initial.policy.source, initial.policy.hash, settings.cert_dir,
+        settings.audit_log,
+    )
+
+    def when_ready(_server: Any) -> None:
+        policy_metrics.store = master_store
+        master_store.start()
+        start_metrics_server(settings.metrics_port, cert_file, [policy_metrics])
+
+    def ssl_hook(_conf: Any, _default: Any) -> Any:
+        return ssl_source.context()
+
+    def app_factory() -> Any:
+        return build_worker_app(settings, keys, cert_file, budget_dir)
+
+    options = gunicorn_options(settings, cert_file, key_file, ssl_hook, when_ready)
+    GuardApplication(settings, app_factory, options).run()
+    return 0
+
+
+def _check_writable_audit_log(path: str) -> None:
+    from webhook.serving.audit_writer import AUDIT_LOG_MODE  # noqa: PLC0415
+
+    if path == "-":
+        return
+    try:
+        # The mode the workers' AuditWriter asks for: this check is what creates the file.
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, AUDIT_LOG_MODE))
+    except OSError as exc:
+        raise OSError(f"audit log {path} cannot be opened for appending: {exc.strerror or exc}") from None
+
+
+def _check_port_free(port: int, what: str, host: str = "0.0.0.0") -> None:
+    """Raise OSError "<what> <port> is not free" when ``host:port`` cannot be bound (with SO_REUSEADDR, as
+    gunicorn and the metrics server bind, so a connection in TIME_WAIT does not count); port 0 is disabled."""
+    if port <= 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            where = f" on {host}" if what == "HTTPS port" else ""
+            raise OSError(f"{what} {port}{where} is not free: {exc.strerror or exc}") from None
+
+
+def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: Any = None) -> Any:
+    """Build one worker's Flask app: policy store (hot reload), cluster view, audit writer, metrics."""
+    setup_logging(settings.log_level)
+    from webhook.serving import metrics, tls  # noqa: PLC0415
+    from webhook.serving.app import Runtime, create_app  # noqa: PLC0415
+    from webhook.serving.audit_writer import AuditHooks, AuditWriter  # noqa: PLC0415
+    from webhook.serving.live_policy import PolicySnapshot, PolicyStore  # noqa: PLC0415
+
+    policy_listeners: list[Any] = []  # told of every new policy (the cluster view's pod version sources)
+
+    def on_reload(result: str, snapshot: PolicySnapshot) -> None:
+        # Reloads are counted and the policy metrics published by the master (webhook.serving.policy_metrics).
+        if result == "success":
+            for listener in policy_listeners:
+                listener(snapshot.policy)
+
+    store = PolicyStore(settings.policy, interval=settings.policy_reload_interval, on_reload=on_reload)
+    cluster, readiness, on_policy, observe_count = build_cluster(settings, store.current().policy)
+    if on_policy is not None:
+        policy_listeners.append(on_policy)
+    store.start()
+
+    def certificate_problems() -> list[str]:
+        problems = tls.certificate_problems(cert_file, now=datetime.now(UTC))
+        for p in problems:
+            log.error("serving certificate: %s", p)
+        return problems
+
+    certificate_problems()
+    metrics.batch_updates()  # per-request samples reach the metric files once a second, off the request path
+    metrics.AUDIT_STALLED.set(0)
+    audit = AuditWriter(settings.audit_log, hooks=AuditHooks(
+        failure=lambda _reason: metrics.AUDIT_FAILURES.inc(),
+        timeout=metrics.AUDIT_TIMEOUTS.inc,
+        stalled=lambda flag: metrics.AUDIT_STALLED.set(1 if flag else 0),
+        reopened=lambda reason: metrics.AUDIT_REOPENS.labels(reason).inc(),
+        orphaned=metrics.AUDIT_ORPHANED.inc,
+    ))
+    runtime = Runtime(
+        policies=store,
+        cluster=cluster,
+        keys=keys,
+        audit=audit,
+        max_body_bytes=settings.max_body_bytes,
+        connection_max_age=settings.connection_max_age,
+        readiness=readiness,
+        certificate_problems=certificate_problems,
+        cert_file=cert_file,
+        observe_count=observe_count,
+        known_driver=_known_driver(store, cluster),
+        require_client_cert=settings.client_ca is not None,
+        budget_dir=budget_dir,
+    )
+    return create_app(runtime)
+
+
+def _known_driver(store: Any, cluster: Any) -> Any:
+    """``known(driver)``: the policy in force names it, or the cluster's CSIDriver cache holds it."""
+    has_csidriver = getattr(cluster, "has_csidriver", None)
+
+    def known(driver: str) -> bool:
+        if driver in store.current().policy.drivers:
+            return True
+        return bool(has_csidriver(driver)) if has_csidriver is not None else False
+
+    return known
+
+
+def build_cluster(settings: Settings, policy: Any) -> tuple[Any, Any, Any, Any]:
+    """This worker's cluster view (watch caches filled by the kubernetes client, never called per request).
+
+    Returns (view, readiness() -> (ready, reason), on_policy(policy) for hot reload or None,
+    observe_count(driver, count, node) or None). Offline (``--offline``, or neither a kubeconfig nor an
+    in-cluster service account): a view that knows nothing; the rules then follow the design's asymmetry.
+    """
+    from webhook.admission.cluster import UnknownClusterView  # noqa: PLC0415
+
+    if settings.offline:
+        log.info("offline: no cluster lookups; increases are judged on what the request carries")
+        return UnknownClusterView(), (lambda: (True, "offline")), None, None
+    from webhook.kube.watch import build_cluster_view  # noqa: PLC0415
+
+    view, caches = build_cluster_view(
+        settings.kubeconfig, policy.pod_version_sources(), settings.max_staleness, settings.cache_sync_timeout
+    )
+
+    def on_policy(new_policy: Any) -> None:
+        caches.set_pod_sources(new_policy.pod_version_sources())
+
+    observe = getattr(caches, "observe_headroom", None)
+    return view, caches.readiness, on_policy, observe

@@ -1,0 +1,313 @@
+"""A count's timeline from the guard's audit records: one (node, driver)'s writes in order, and its picture.
+
+:func:`build_timeline` turns the records :mod:`webhook.simulation.audit_queries` reads into :class:`TimelinePoint`
+values;
+:func:`timeline_scale` places counts on the y axis (implausible counts off the scale); :func:`render_timeline`
+draws the picture (``csinode-guard audit timeline``). Pure apart from writing the picture: matplotlib is
+imported only when drawing (the optional ``timeline`` extra), and :class:`MissingDependencyError` says how to
+get it when it is not installed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from webhook.simulation.audit_queries import LogRecord
+
+
+class MissingDependencyError(RuntimeError):
+    """An optional dependency (matplotlib for the timeline) is not installed; the message says how to get it."""
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """One write of the entry: requested ``new`` and admitted ``final`` (None = unbounded), how it was decided.
+
+    ``refused``: the write was not stored — denied (or invalid) at /mutate, or denied at /validate after its
+    /mutate record (the same request uid); the stored count stays ``old``.
+    """
+
+    time: datetime
+    old: int | None
+    new: int | None
+    final: int | None
+    decision: str
+    rules: tuple[str, ...]
+    dry_run: bool
+    frozen: bool
+    correction: str | None
+    endpoint: str
+    uid: str | None = None
+    refused: bool = False
+
+    @property
+    def stored_after(self) -> int | None:
+        """The count stored after this write (``old`` when refused)."""
+        return self.old if self.refused else self.final
+
+
+INT32_MAX = 2147483647
+"""kubelet cuts a driver's reported limit above int32 to this value: never a real count, always off the scale."""
+OFF_SCALE_FACTOR = 10
+"""A count above this many times the median of the entry's counts (and above the median + 50) is off the scale."""
+MAX_OFF_SCALE_LABELS = 30
+
+
+def _count_value(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def build_timeline(records: Iterable[LogRecord], node: str, driver: str) -> list[TimelinePoint]:
+    """The writes of (``node``, ``driver``) in time order: every /mutate record and /validate denials.
+
+    A /mutate record whose request was then denied at /validate (same uid) is marked ``refused``.
+    """
+    points = []
+    denied_at_validate: set[str] = set()
+    for r in records:
+        d = r.data
+        if d.get("node") != node or d.get("driver") != driver:
+            continue
+        endpoint = str(d.get("endpoint"))
+        decision = str(d.get("decision"))
+        if endpoint == "validate" and decision != "deny":
+            continue
+        uid = str(d["uid"]) if d.get("uid") else None
+        if endpoint == "validate" and uid is not None:
+            denied_at_validate.add(uid)
+        points.append(TimelinePoint(
+            time=r.time,
+            old=_count_value(d.get("old")),
+            new=_count_value(d.get("new")),
+            final=_count_value(d.get("final")),
+            decision=decision,
+            rules=tuple(r.fired()),
+            dry_run=bool(d.get("dryRun")),
+            frozen=bool(d.get("frozen")),
+            correction=str(d["correction"]) if d.get("correction") else None,
+            endpoint=endpoint,
+            uid=uid,
+            refused=decision in ("deny", "invalid"),
+        ))
+    points = [dataclasses.replace(p, refused=True) if p.endpoint == "mutate" and p.uid in denied_at_validate
+              else p for p in points]
+    points.sort(key=lambda p: p.time)
+    return points
+
+
+def scale_top(values: Sequence[int]) -> int:
+    """The largest count drawn to scale: the largest of ``values`` that is not off the scale.
+
+    Off the scale: 2147483647 (kubelet's cut of anything above int32), and any count above
+    ``OFF_SCALE_FACTOR`` times the median and above the median + 50 — one implausible write must not squash
+    the real counts against the axis. At least 1.
+    """
+    if not values:
+        return 1
+    ordered = sorted(values)
+    median = ordered[len(ordered) // 2]
+    limit = max(OFF_SCALE_FACTOR * median, median + 50)
+    return max((v for v in ordered if v <= limit and v != INT32_MAX), default=max(1, min(median, limit)))
+
+
+@dataclass(frozen=True)
+class TimelineScale:
+    """Where counts go on the y axis: to scale up to ``top``, then one band for counts off the scale, then one for
+    unbounded (no count: +infinity to the scheduler)."""
+
+    top: int
+    off_scale: bool
+    unbounded: bool
+
+    @property
+    def off_scale_y(self) -> float:
+        """The y of every count above ``top``: a band just above the scaled part."""
+        return self.top * 1.12 + 1
+
+    @property
+    def unbounded_y(self) -> float:
+        """The y of unbounded, above the off-scale band when there is one."""
+        return (self.off_scale_y if self.off_scale else self.top) + self.top * 0.12 + 1
+
+    @property
+    def y_max(self) -> float:
+        """The top of the axis."""
+        highest = self.unbounded_y if self.unbounded else self.off_scale_y if self.off_scale else self.top
+        return highest * 1.08 + 0.5
+
+    def y(self, value: int | None) -> float:
+        """The y of ``value``."""
+        if value is None:
+            return self.unbounded_y
+        return self.off_scale_y if value > self.top else float(value)
+
+
+def timeline_scale(points: Sequence[TimelinePoint]) -> TimelineScale:
+    """The y scale of ``points`` (see :func:`scale_top`)."""
+    finite = [v for p in points for v in (p.old, p.new, p.final) if v is not None]
+    top = scale_top(finite)
+    return TimelineScale(top=top, off_scale=any(v > top for v in finite),
+                         unbounded=any(v is None for p in points for v in (p.old, p.new, p.final)))
+
+
+def off_scale_counts(points: Sequence[TimelinePoint]) -> list[int]:
+    """The distinct counts of ``points`` drawn off the scale (at the edge, labelled), smallest first."""
+    top = timeline_scale(points).top
+    return sorted({v for p in points for v in (p.old, p.new, p.final) if v is not None and v > top})
+
+
+class UnsupportedFormatError(ValueError):
+    """The picture's suffix names no format matplotlib writes (the message lists those it does)."""
+
+
+def _pyplot() -> Any:
+    try:
+        matplotlib = importlib.import_module("matplotlib")
+    except ImportError:
+        raise MissingDependencyError(
+            "the timeline needs matplotlib, which is not installed: pip install 'csinode-guard[timeline]'"
+        ) from None
+    matplotlib.use("Agg")
+    return importlib.import_module("matplotlib.pyplot")
+
+
+STORED_COLOR = "#1f5fa8"
+"""The stored-count line's colour (nothing else in the picture uses it)."""
+DENY_COLOR = "#c62828"
+"""The colour of denial markers."""
+
+
+def _stored_segments(points: Sequence[TimelinePoint], y: Any) -> tuple[
+    list[tuple[list[datetime], list[float]]], list[tuple[datetime, float, datetime, float]]
+]:
+    """The stored count as step segments, and the gaps between them: where a write's ``old`` is not the count
+    stored after the previous record, the change was made by writes the log does not have (not judged, or in a
+    rotated file not given), at an unknown time in between. A refused write never moves the line."""
+    segments: list[tuple[list[datetime], list[float]]] = []
+    gaps: list[tuple[datetime, float, datetime, float]] = []
+    current: tuple[datetime, int | None] | None = None
+    for p in points:
+        if p.dry_run or p.endpoint != "mutate":
+            continue
+        if current is None or p.old != current[1]:
+            if current is not None:
+                gaps.append((current[0], y(current[1]), p.time, y(p.old)))
+            segments.append(([p.time], [y(p.old)]))
+        ts, ys = segments[-1]
+        ts.append(p.time)
+        ys.append(y(p.stored_after))
+        current = (p.time, p.stored_after)
+    if segments and points:
+        segments[-1][0].append(points[-1].time)
+        segments[-1][1].append(segments[-1][1][-1])
+    return segments, gaps
+
+
+def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, output: Path) -> None:
+    """Draw the count over time (PNG, or any format matplotlib knows by ``output``'s suffix).
+
+    The stored count is a step line that moves only at writes that were stored (never at a denial); where the
+    log lacks the writes that changed it, a dashed grey line joins the last known count to the next. Warnings are
+    marked with a diamond, clamps at the requested value with a line down to the admitted one, denials with a
+    cross at the requested value, freezes (version rollback) with a vertical line, ResourceExhausted or
+    justified corrections with a triangle. The y axis is scaled to the plausible counts (:func:`scale_top`):
+    counts off the scale (2147483647, or far above the others) are drawn in a band at the top edge, each labelled
+    with its value; unbounded is drawn above that. The legend sits outside the plot.
+    Raises :class:`MissingDependencyError` without matplotlib, :class:`UnsupportedFormatError` (naming the
+    formats there are) for a suffix matplotlib cannot write; nothing is written then.
+    """
+    plt = _pyplot()
+    scale = timeline_scale(points)
+    y = scale.y
+
+    fig, ax = plt.subplots(figsize=(12.5, 4.8), dpi=100)
+    formats = fig.canvas.get_supported_filetypes()
+    suffix = output.suffix[1:].lower()
+    if suffix and suffix not in formats:
+        plt.close(fig)
+        raise UnsupportedFormatError(
+            f"{output}: {output.suffix!r} is not a picture format matplotlib writes; use one of "
+            + ", ".join(f".{name}" for name in sorted(formats))
+        )
+    segments, gaps = _stored_segments(points, y)
+    for i, (ts, ys) in enumerate(segments):
+        ax.step(ts, ys, where="post", color=STORED_COLOR, linewidth=2, label="stored count" if i == 0 else None)
+    for i, (t0, y0, t1, y1) in enumerate(gaps):
+        ax.plot([t0, t1], [y0, y1], color="#9e9e9e", linestyle="--", linewidth=1.2,
+                label="changed by writes not in this log" if i == 0 else None)
+    marks: dict[str, tuple[list[Any], list[float]]] = {
+        "allowed": ([], []), "warn": ([], []), "clamp": ([], []), "deny": ([], []), "dry run": ([], []),
+        "correction": ([], []),
+    }
+    for p in points:
+        if p.dry_run:
+            marks["dry run"][0].append(p.time)
+            marks["dry run"][1].append(y(p.new))
+        elif p.decision == "deny":
+            marks["deny"][0].append(p.time)
+            marks["deny"][1].append(y(p.new))
+        elif p.decision == "clamp":
+            marks["clamp"][0].append(p.time)
+            marks["clamp"][1].append(y(p.new))
+            ax.vlines(p.time, min(y(p.new), y(p.final)), max(y(p.new), y(p.final)), colors="#e08a00",
+                      linestyles="dotted", linewidth=1)
+        else:
+            kind = "warn" if p.decision == "warn" else "allowed"
+            marks[kind][0].append(p.time)
+            marks[kind][1].append(y(p.new))
+        if p.correction:
+            marks["correction"][0].append(p.time)
+            marks["correction"][1].append(y(p.final))
+    styles = {
+        "allowed": {"marker": "o", "color": "#4a8fd4", "s": 18},
+        "warn": {"marker": "D", "color": "#f2b600", "s": 36},
+        "clamp": {"marker": "v", "color": "#e08a00", "s": 60},
+        "deny": {"marker": "x", "color": DENY_COLOR, "s": 60},
+        "dry run": {"marker": "o", "facecolors": "none", "edgecolors": "#777777", "s": 40},
+        "correction": {"marker": "^", "color": "#2e7d32", "s": 70},
+    }
+    for name, (ts, ys) in marks.items():
+        if ts:
+            ax.scatter(ts, ys, label=f"{name} ({len(ts)})", zorder=3, **styles[name])
+    freezes = [p.time for p in points if p.frozen]
+    for i, t in enumerate(freezes):
+        ax.axvline(t, color="#6a1b9a", linestyle="--", linewidth=1.2,
+                   label="freeze (driver version rollback)" if i == 0 else None)
+    if scale.off_scale:
+        ax.axhline(scale.off_scale_y, color="#bbbbbb", linestyle=(0, (1, 3)), linewidth=1)
+        ax.text(points[0].time, scale.off_scale_y, f" off the scale (above {scale.top}): ↑ value", va="bottom",
+                fontsize=8, color="#555555")
+        labelled: set[tuple[datetime, int]] = set()
+        for p in points:
+            for v in (p.new, p.final):
+                if v is not None and v > scale.top and (p.time, v) not in labelled:
+                    if len(labelled) < MAX_OFF_SCALE_LABELS:
+                        ax.annotate(f"↑ {v}", (p.time, scale.off_scale_y), xytext=(4, -11),
+                                    textcoords="offset points", fontsize=7, color="#333333")
+                    labelled.add((p.time, v))
+    if scale.unbounded:
+        ax.axhline(scale.unbounded_y, color="#999999", linestyle=":", linewidth=1)
+        ax.text(points[0].time, scale.unbounded_y, " unbounded", va="bottom", fontsize=8, color="#555555")
+    ax.set_ylim(bottom=0, top=scale.y_max)
+    ax.set_title(f"{node} / {driver}: allocatable count")
+    ax.set_xlabel("time (UTC)")
+    ax.set_ylabel("count")
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
+    dates = importlib.import_module("matplotlib.dates")
+    # Ticks where the span needs them (seconds for a minute-long incident, days for a month) and labels that
+    # name only what changes from one tick to the next, the date once as the axis offset; ticks seconds apart
+    # keep their hour and minute ("02:00:10", not a bare "10" that the next minute repeats).
+    locator = dates.AutoDateLocator()
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(dates.ConciseDateFormatter(
+        locator, formats=["%Y", "%b", "%d", "%H:%M", "%H:%M", "%H:%M:%S"]))
+    fig.tight_layout()
+    fig.savefig(output)
+    plt.close(fig)
