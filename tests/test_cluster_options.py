@@ -49,6 +49,21 @@ def test_a_kubeconfig_the_client_refuses_is_reported_with_its_message(
 
 
 @pytest.mark.parametrize(("args", "broken_exit", "usage_exit"), COMMANDS)
+def test_a_kubeconfig_that_is_not_yaml_is_reported_where_it_breaks(
+    workdir: Path, args: list[str], broken_exit: int, usage_exit: int
+) -> None:
+    path = workdir / "not-yaml.yaml"
+    path.write_text("apiVersion: v1\nclusters: [\n  - name: a\n")
+    result = run_cli(*args, "--kubeconfig", str(path), cwd=workdir)
+
+    assert result.returncode == broken_exit, result.stderr
+    assert "Error: cannot load the cluster configuration: the kubeconfig is not valid YAML: " in result.stderr, (
+        result.stderr)
+    assert "line " in result.stderr and "column " in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("args", "broken_exit", "usage_exit"), COMMANDS)
 def test_a_context_inside_a_cluster_without_a_kubeconfig_is_a_usage_error(
     workdir: Path, args: list[str], broken_exit: int, usage_exit: int
 ) -> None:

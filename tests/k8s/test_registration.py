@@ -225,3 +225,32 @@ def test_an_install_over_a_registered_entry_with_the_same_node_id_succeeds_and_k
     assert [r for r in guard.decisions() if r.get("node") == node and r.get("endpoint") == "validate"] == validated, (
         "the clamped write changes no count: neither /validate entry's matchConditions match it"
     )
+
+
+def test_an_install_over_a_registered_entry_with_a_higher_count_fails_while_the_guard_is_down_and_succeeds_after(
+    control_plane: ControlPlane, guard: Guard
+) -> None:
+    """The one registration the guard's outage can fail (docs/registration.md, "Decided"): kubelet restarted
+    while the node plugin kept running, InstallCSIDriver over the entry that is still there, same nodeID and
+    topology, a higher count. That PUT is byte for byte a periodic update's increase, so it reaches the
+    ``failurePolicy: Fail`` entry; kubelet's plugin manager retries the registration, and once the guard is back
+    it succeeds, held at the stored count (a too-fast increase by the node's kubelet)."""
+    node = new_node(control_plane, guard, "reinstall-down")
+    install(control_plane, node, 20)
+    guard.stop()
+    try:
+        refused = control_plane.kubelet(node, "install", "--driver", EBS, "--node-id", "i-1", "--max-volumes", "24",
+                                        check=False)
+        assert refused.returncode != 0, "an increase while the guard is down fails closed"
+        assert "mutate.csinode-guard.io" in refused.stderr, refused.stderr
+        assert stored_count(control_plane, node) == 20
+    finally:
+        guard.start()
+    wait_until(lambda: guard.probe() == {"mutate", "validate"}, timeout=30, what="guard called again")
+
+    took = install(control_plane, node, 24)
+
+    report("guard back, the retried install over the registered entry reporting 24", took)
+    assert stored_count(control_plane, node) == 20, "held at the stored count: within the default minInterval"
+    last = [r for r in guard.decisions() if r.get("node") == node and r.get("endpoint") == "mutate"][-1]
+    assert (last["new"], last["final"], last["decision"]) == (24, 20, "clamp"), last

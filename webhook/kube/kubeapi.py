@@ -254,14 +254,17 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     (:func:`load_configuration` with the ``~/.kube/config`` fallback), so that ``csinode-guard unregister``
     works in an emergency wherever kubectl does. Raises :class:`ClusterNotConfiguredError` when there is no
     source (or ``context`` without a kubeconfig) and :class:`ClusterConfigError`, with the client's message, for a
-    source that cannot be read or loaded.
+    source that cannot be read or loaded (not YAML, no current-context, a missing file, ...).
     """
+    import yaml  # noqa: PLC0415 - the client reads kubeconfig files with PyYAML
     from kubernetes.config import ConfigException  # noqa: PLC0415 - heavy; only when a command needs it
 
     try:
         return _api_client(kubeconfig, context)
     except (ConfigException, OSError, ValueError) as exc:
         raise ClusterConfigError(str(exc)) from exc
+    except yaml.YAMLError as exc:  # a kubeconfig that is not YAML: the parser's message names file, line, column
+        raise ClusterConfigError(f"the kubeconfig is not valid YAML: {exc}") from exc
 
 
 def _api_client(kubeconfig: str | None, context: str | None) -> Any:
