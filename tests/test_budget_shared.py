@@ -69,8 +69,11 @@ def test_the_cluster_budget_is_shared_by_the_workers_of_a_replica(server_factory
     assert len(_workers(server)) == 2
 
 
-def _workers(server: RunningServer, tries: int = 40) -> set[int]:
-    """Worker pids answering fresh connections (POST /noop, the benchmark endpoint)."""
+def _workers(server: RunningServer, tries: int = 400) -> set[int]:
+    """Worker pids answering fresh connections (POST /noop, the benchmark endpoint), until both have answered.
+
+    The kernel hands each new connection to whichever worker accepts first; on a busy machine one worker can win
+    dozens in a row, so this asks up to ``tries`` times (it stops at the second pid)."""
     pids = set()
     for i in range(tries):
         pool = server.client()
