@@ -203,3 +203,30 @@ def test_a_full_disk_counts_and_logs_every_record(server_factory: Any, tmp_path:
     log = server.stderr_path.read_text()
     assert all(f'full-{n}' in log for n in range(5))
     assert log.count("audit record not written to /dev/full (OSError: No space left on device)") == 5
+
+
+def test_standard_output_redirected_to_a_file_gets_every_record_and_no_file_named_dash(
+    server_factory: Any, tmp_path: Path
+) -> None:
+    """``serve > serve.out`` (nohup, a unit's StandardOutput=file:) with the default ``--audit-log -``: standard
+    output is a regular file the guard did not open by name, so there is no path to watch for rotation; the
+    records go to it, and nothing is created under the name ``-``."""
+    out_path = tmp_path / "serve.out"
+    with out_path.open("wb") as out:
+        server = server_factory("--audit-log", "-", stdout=out)
+    uids = [f"stdout-file-{n}" for n in range(3)]
+    for uid in uids:
+        assert server.post("/mutate", review_with_uid(uid)).status == 200
+        time.sleep(1.1)  # past the file check's interval between records
+    deadline = time.monotonic() + 10
+    seen: set[str] = set()
+    while time.monotonic() < deadline and not set(uids) <= seen:
+        for line in out_path.read_text().splitlines():
+            try:
+                seen.add(json.loads(line).get("uid", ""))
+            except ValueError:
+                continue
+        time.sleep(0.2)
+    assert set(uids) <= seen, "every record reached the redirected standard output"
+    assert not (server.audit_log.parent / "-").exists(), "no audit file named '-' in the working directory"
+    assert "was replaced" not in server.stderr_path.read_text()

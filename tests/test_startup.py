@@ -52,3 +52,27 @@ def test_the_first_run_says_why_it_issues_a_serving_certificate_in_plain_words(s
     assert f"issuing serving certificate in {server.cert_dir}: first run: no CA in the directory yet, so a new one " \
            "was made" in line, line
     assert "forced" not in line
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    pytest.param("clusters: [\n", "cannot start: the kubeconfig is not valid YAML: ", id="not YAML"),
+    pytest.param(None, "cannot start: kubeconfig {path} does not exist", id="missing"),
+    pytest.param("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n",
+                 "cannot start: Invalid kube-config file. Expected key current-context", id="no current-context"),
+])
+def test_serve_with_a_kubeconfig_it_cannot_load_exits_2_before_any_worker_boots(
+    tmp_path: Path, content: str | None, expected: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    if content is not None:
+        path.write_text(content)
+    serve = subprocess.run(
+        [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(free_port()),
+         "--metrics-port", str(free_port()), "--cert-dir", str(tmp_path / "certs"),
+         "--audit-log", str(tmp_path / "audit.log"), "--workers", "1", "--kubeconfig", str(path)],
+        cwd=tmp_path, check=False, capture_output=True, text=True, timeout=120,
+    )
+    assert serve.returncode == 2, serve.stderr[-3000:]
+    assert expected.format(path=path) in serve.stderr, serve.stderr[-3000:]
+    assert "Booting worker" not in serve.stderr
+    assert "Traceback" not in serve.stderr

@@ -63,7 +63,7 @@ def _table_summary(s: Summary) -> list[str]:
     lines.append(f"  input:        {s.lines} lines in {len(s.files)} file(s); {s.events} audit events "
                  f"from {s.first_event or '-'} to {s.last_event or '-'}")
     lines.append(f"  csinodes:     {s.csinode_writes} writes; {s.judged} would reach the guard, {s.not_called} would "
-                 "not (create, delete, registration, no count change)")
+                 "not (delete, no count or guard annotation change)")
     lines.append(f"  not judgeable: {s.metadata_level} at Metadata level (no objects), {s.no_previous_version} "
                  f"without an earlier version, {s.failed_in_cluster} failed in the cluster, {s.unreadable} "
                  "unreadable")

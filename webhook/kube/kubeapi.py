@@ -15,10 +15,11 @@ The admission path never comes here; its cluster reads live in :mod:`webhook.kub
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -223,7 +224,8 @@ def load_configuration(
     Order: ``kubeconfig`` (else ``$KUBECONFIG``; a ``:``-separated list is merged) with its ``context``
     (default: the current one), then the in-cluster service account (token re-read as it rotates), then — with
     ``home_fallback``, the order kubectl uses — ``~/.kube/config``. Raises :class:`ClusterNotConfiguredError`
-    for ``context`` without a kubeconfig, ``kubernetes.config.ConfigException`` for a broken source.
+    for ``context`` without a kubeconfig, FileNotFoundError when none of the kubeconfig files exists,
+    ``kubernetes.config.ConfigException`` (or PyYAML's error) for a broken source.
     """
     from kubernetes.client.configuration import Configuration  # noqa: PLC0415 - heavy; only when needed
     from kubernetes.config import incluster_config, kube_config  # noqa: PLC0415
@@ -237,6 +239,9 @@ def load_configuration(
     if not path and not in_cluster and home_fallback and os.path.isfile(home_config):
         path = home_config
     if path:
+        missing = [p for p in path.split(os.pathsep) if p and not os.path.exists(p)]
+        if missing and len(missing) == len([p for p in path.split(os.pathsep) if p]):
+            raise FileNotFoundError(f"kubeconfig {', '.join(missing)} does not exist")
         load_kube_config(
             config_file=path, context=context, client_configuration=configuration, persist_config=False
         )
@@ -256,14 +261,31 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     source (or ``context`` without a kubeconfig) and :class:`ClusterConfigError`, with the client's message, for a
     source that cannot be read or loaded (not YAML, no current-context, a missing file, ...).
     """
+    with _config_errors():
+        return _api_client(kubeconfig, context)
+
+
+def check_configuration(kubeconfig: str | None) -> None:
+    """Load the cluster configuration the watch caches will use (``kubeconfig``, else ``$KUBECONFIG``, else the
+    in-cluster service account; never ``~/.kube/config``), so that ``serve`` refuses to start on a broken one
+    instead of each worker failing to boot. Raises :class:`ClusterConfigError` with the reason; no source at all
+    is fine (the server then runs without cluster facts)."""
+    with _config_errors():
+        load_configuration(kubeconfig, home_fallback=False)
+
+
+@contextlib.contextmanager
+def _config_errors() -> Iterator[None]:
+    """Re-raise what loading a cluster configuration raises as :class:`ClusterConfigError` (the client's
+    ConfigException, a file that cannot be read, a kubeconfig that is not YAML)."""
     import yaml  # noqa: PLC0415 - the client reads kubeconfig files with PyYAML
     from kubernetes.config import ConfigException  # noqa: PLC0415 - heavy; only when a command needs it
 
     try:
-        return _api_client(kubeconfig, context)
+        yield
     except (ConfigException, OSError, ValueError) as exc:
         raise ClusterConfigError(str(exc)) from exc
-    except yaml.YAMLError as exc:  # a kubeconfig that is not YAML: the parser's message names file, line, column
+    except yaml.YAMLError as exc:  # the parser's message names the file, line and column
         raise ClusterConfigError(f"the kubeconfig is not valid YAML: {exc}") from exc
 
 

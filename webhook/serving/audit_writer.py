@@ -182,6 +182,9 @@ class AuditWriter:
 
     def _write_file(self, line: bytes) -> None:
         with self._thread_lock:
+            if self.path == "-":  # standard output redirected to a file: no path of ours to watch or reopen
+                self._write_all(line)
+                return
             if time.monotonic() - self._checked >= self.check_interval:
                 self._check_file()
             self._write_all(line)

@@ -19,11 +19,13 @@ def run(settings: Settings) -> int:
     """Start the server described by ``settings``; returns the process exit code.
 
     Fails fast (exit code 2, one clear log line) on a broken policy, missing certificates with
-    ``--no-generate-certs``, or an unusable state key; it never starts half-configured.
+    ``--no-generate-certs``, an unusable state key, or a cluster configuration that cannot be loaded (a
+    kubeconfig that is missing, not YAML or without a current context); it never starts half-configured.
     """
     setup_logging(settings.log_level)
     from webhook.admission import state_key  # noqa: PLC0415
     from webhook.admission.state import StateKeys  # noqa: PLC0415
+    from webhook.kube.kubeapi import ClusterConfigError, check_configuration  # noqa: PLC0415
     from webhook.serving import dev_certs, ssl_context, tls  # noqa: PLC0415
     from webhook.serving.live_policy import PolicyStore  # noqa: PLC0415
     from webhook.serving.policy_metrics import PolicyCollector  # noqa: PLC0415
@@ -60,10 +62,12 @@ def run(settings: Settings) -> int:
             # give each replica a key of its own.
             raise state_key.StateKeyError(f"state key file {key_path} does not exist")
         keys = StateKeys(state_key.ensure_state_key(key_path))
+        if not settings.offline:
+            check_configuration(settings.kubeconfig)
         _check_writable_audit_log(settings.audit_log)
         _check_port_free(settings.port, "HTTPS port", settings.host)
         _check_port_free(settings.metrics_port, "metrics port")
-    except (tls.CertificateError, state_key.StateKeyError, OSError, ValueError) as exc:
+    except (tls.CertificateError, state_key.StateKeyError, ClusterConfigError, OSError, ValueError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     for problem in tls.certificate_problems(cert_file):
