@@ -43,7 +43,15 @@ from typing import Any
 import urllib3
 import yaml
 
-from tests.k8s.controlplane import ControlPlane, Guard, discover, policy_file, running_guard, unique, wait_until
+from tests.k8s.controlplane import (
+    ControlPlane,
+    Guard,
+    policy_file,
+    running_control_plane,
+    running_guard,
+    unique,
+    wait_until,
+)
 from webhook.kube.registration import WebhookTarget, build_webhook_configurations
 
 EBS = "ebs.csi.aws.com"
@@ -274,10 +282,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="csinode-guard-bench-") as tmp:
         work = Path(tmp)
-        cluster_sh, start_env = discover()
-        cp = ControlPlane(work / "cluster", cluster_sh, start_env)
-        cp.start()
-        try:
+        with running_control_plane(work / "cluster") as cp:
             def open_up(doc: dict[str, Any]) -> None:
                 rate = doc["spec"]["rules"]["change-rate"]
                 rate["minInterval"] = "1ms"
@@ -314,8 +319,6 @@ def main(argv: list[str] | None = None) -> int:
                                   f"put p50 {percentile(result.put_ms, 0.5):6.2f} ms, failures {result.failures}",
                                   file=sys.stderr)
                 switch(cp, guard, "none")
-        finally:
-            cp.stop()
 
     out: dict[str, Any] = {
         "machine": {"nproc": os.cpu_count(), "python": platform.python_version(),

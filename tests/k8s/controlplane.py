@@ -66,6 +66,20 @@ def discover() -> tuple[Path, dict[str, str]]:
     return cluster_sh, {}
 
 
+@contextlib.contextmanager
+def running_control_plane(directory: Path) -> Iterator[ControlPlane]:
+    """A control plane started in ``directory`` (see :func:`discover`), stopped when the block ends; for the scripts
+    that run one of their own (``benchmarks.apiserver``, ``tests.k8s.record_reviews``). Raises
+    :class:`ControlPlaneUnavailable` when there is none to start."""
+    cluster_sh, start_env = discover()
+    cp = ControlPlane(directory, cluster_sh, start_env)
+    cp.start()
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
 def kubectl_binary() -> str:
     """The machine's ``kubectl`` (or the one in ``CSINODE_GUARD_TOOLS_DIR``), else :class:`ControlPlaneUnavailable`."""
     tools = os.environ.get("CSINODE_GUARD_TOOLS_DIR")

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.k8s.controlplane import REPO, ControlPlane, discover, fast_policy, running_guard
+from tests.k8s.controlplane import REPO, fast_policy, running_control_plane, running_guard
 
 NODE = "ip-10-0-1-23.ec2.internal"
 EBS = "ebs.csi.aws.com"
@@ -29,10 +29,7 @@ def main(out: Path = OUT) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="csinode-guard-record-") as tmp:
         work = Path(tmp)
-        cluster_sh, env = discover()
-        cp = ControlPlane(work / "cluster", cluster_sh, env)
-        cp.start()
-        try:
+        with running_control_plane(work / "cluster") as cp:
             record = work / "recorded"
             guard_dir = work / "guard"
             (guard_dir / "certs").mkdir(parents=True)
@@ -68,8 +65,6 @@ def main(out: Path = OUT) -> None:
                 time.sleep(2.2)
                 step("unbounded", lambda: cp.kubelet(NODE, "update", "--driver", EBS, "--max-volumes", "0"))
                 assert guard.decisions()
-        finally:
-            cp.stop()
 
 
 if __name__ == "__main__":
