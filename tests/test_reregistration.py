@@ -224,7 +224,9 @@ def test_validate_never_refuses_a_registration_that_mutate_did_not_clamp(stored:
     assert decision.decision is Decision.WARN
 
 
-def test_a_new_node_id_with_a_higher_count_is_a_registration_not_a_rate_violation() -> None:
+def test_a_new_node_id_with_a_higher_count_is_a_registration_paced_by_change_rate() -> None:
+    # A registration is paced from the entry's last accepted count and time: inside minInterval it keeps the
+    # last accepted count (clamped, never refused); the first write after the interval gets the new count.
     node = Node(base_csinode())
     assert node.put(kubelet_update(node.obj, EBS, 24), timedelta(0)).response.allowed
     moved = kubelet_update(node.obj, EBS, 27)
@@ -233,9 +235,14 @@ def test_a_new_node_id_with_a_higher_count_is_a_registration_not_a_rate_violatio
     decision = node.put(moved, timedelta(seconds=5))  # change-rate's minInterval is 60s
 
     assert decision.response.allowed is True
-    assert node.count == 27
-    assert "change-rate" not in decision.fired_rules
+    assert decision.decision is Decision.CLAMP
+    assert node.count == 24
+    assert "change-rate" in decision.fired_rules
     assert node.obj["spec"]["drivers"][-1]["nodeID"] == "i-0fedcba9876543210"
+
+    later = node.put(kubelet_update(node.obj, EBS, 27), timedelta(seconds=65))
+    assert later.response.allowed is True
+    assert node.count == 27
 
 
 def test_an_increase_with_the_same_node_id_is_still_judged_as_an_increase() -> None:
@@ -411,3 +418,59 @@ def test_a_declared_rollback_freezes_like_a_pod_version_rollback() -> None:
     assert node.count == 24
     assert "writer-version" in decision.fired_rules
     assert node.state.entries[EBS].frozen_until is not None
+
+
+# -- registrations are paced (change-rate, maxStepUp and recoveryStep from the last accepted count and time) ------
+
+BIG = {"node.kubernetes.io/instance-type": "c7i.48xlarge"}  # the shipped EBS profile: 128
+
+
+def test_uninstall_install_cycles_inside_min_interval_gain_nothing() -> None:
+    node = Node(base_csinode())
+    node.view = StaticClusterView(nodes={NODE: {"labels": BIG}}, driver_versions={NODE: {EBS: "v1.37.0"}})
+    assert node.put(kubelet_update(node.obj, EBS, 25), timedelta(0)).response.allowed
+
+    for i in range(9):  # 9 x uninstall + install --max-volumes 128 in about 2 s
+        decision = node.restart_plugin(128, timedelta(seconds=1 + i * 0.2))
+        assert decision.response.allowed is True
+        assert "change-rate" in decision.fired_rules
+        assert node.count == 25
+    assert node.state.entries[EBS].count == 25
+    assert node.state.entries[EBS].changed_at == T0  # a held registration does not restart the interval
+
+    after = node.restart_plugin(128, timedelta(seconds=61))  # a plugin upgrade after the interval
+    assert after.response.allowed is True
+    assert node.count == 25 + 16  # one maxStepUp
+    again = node.restart_plugin(128, timedelta(seconds=62))
+    assert node.count == 41
+    assert "change-rate" in again.fired_rules
+
+
+def test_a_registration_does_not_get_around_a_held_increase() -> None:
+    node = Node(base_csinode())
+    assert node.put(kubelet_update(node.obj, EBS, 10), timedelta(0)).response.allowed
+    held = node.put(kubelet_update(node.obj, EBS, 20), timedelta(seconds=5))
+    assert held.decision is Decision.CLAMP
+    assert node.count == 10
+
+    decision = node.restart_plugin(26, timedelta(seconds=7))
+
+    assert decision.response.allowed is True
+    assert node.count == 10
+    assert "change-rate" in decision.fired_rules
+
+
+def test_recovery_after_a_correction_is_paced_per_interval_not_per_registration() -> None:
+    node = Node(base_csinode())
+    node.view.attach_error_list[(NODE, EBS)] = [
+        AttachError(code=8, time=T0, volume_attachment="csi-0", message="ResourceExhausted")
+    ]
+    assert node.put(kubelet_update(node.obj, EBS, 26), timedelta(0)).response.allowed
+    assert node.put(kubelet_update(node.obj, EBS, 5), timedelta(minutes=2)).response.allowed
+    assert node.state.entries[EBS].correction is not None
+
+    for i in range(10):  # ten cycles in 1.3 s
+        node.restart_plugin(25, timedelta(minutes=2, seconds=1 + i * 0.13))
+        assert node.count == 5
+    node.restart_plugin(25, timedelta(minutes=3, seconds=5))
+    assert node.count == 7  # one recoveryStep after the interval

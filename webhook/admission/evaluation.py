@@ -455,7 +455,10 @@ class _Evaluation:
         refusal would keep the untrusted stored count; who writes is judged as usual)."""
         if self.never_refused:
             return True
-        return change is not None and change.driver in self.soft_drivers and rule != WRITER_IDENTITY
+        if change is None or rule == WRITER_IDENTITY:
+            return False
+        # A registration is never refused by a count rule, also when it shares its write with an increase.
+        return change.driver in self.soft_drivers or (change.registration and self.writer.is_node_kubelet)
 
     def _keeps_stored_count(self, v: Violation, change: CountChange | None) -> bool:
         """True when a ``deny`` of ``v`` would only keep the stored count of a rise the node's own kubelet writes.

@@ -2,7 +2,10 @@
 
 An increase sooner than max(``minInterval``, the CSIDriver's ``spec.nodeAllocatableUpdatePeriodSeconds``) after
 the entry's last accepted change is a violation (default ``deny``: kubelet retries at its next period, KEP-4876).
-Decreases and registrations (a plugin registering, also right after a restart) are exempt.
+Decreases are exempt. A registration (a node plugin registering again, after a restart or an uninstall) is paced
+from the entry's last accepted count and time, which the state keeps across removal: inside the interval it keeps
+the last accepted count (the evaluation never refuses a registration, so a ``deny`` acts as a clamp to it), so that
+uninstall/install cycles gain nothing. A first registration (no history) is judged by the ceilings only.
 
 The cluster-wide increase budget (``clusterBudget``, per replica) is the rule's second input, as the cluster view
 is an input of the others: an increase the request would admit when the budget has no room for all of them is a
@@ -25,8 +28,9 @@ def min_interval(ctx: RuleContext) -> float:
 
 
 def check(ctx: RuleContext) -> list[Violation]:
-    """Violation when an increase follows the entry's last accepted change too closely."""
-    if not ctx.change.is_increase or ctx.change.registration or ctx.entry is None or ctx.justified:
+    """Violation when an increase (also a registration above the entry's last accepted count) follows the
+    entry's last accepted change too closely; ``clamp_to`` is the last accepted count."""
+    if not ctx.change.is_increase or ctx.entry is None or ctx.justified:
         return []
     interval = min_interval(ctx)
     elapsed = (ctx.now - ctx.entry.changed_at).total_seconds()
@@ -38,7 +42,9 @@ def check(ctx: RuleContext) -> list[Violation]:
             action=ctx.driver_policy.rules.rate_action,
             why=f"{format_duration(max(elapsed, 0))} after the last accepted change; the minimum is "
             f"{format_duration(interval)}",
-            proceed="kubelet retries at its next update period; if the driver flaps, fix its NodeGetInfo",
+            proceed="the count is held at the last accepted one until a write after the interval"
+            if ctx.change.registration
+            else "kubelet retries at its next update period; if the driver flaps, fix its NodeGetInfo",
             clamp_to=ctx.change.old,
         )
     ]
