@@ -521,6 +521,7 @@ def test_a_decrease_by_the_nodes_kubelet_is_admitted_and_recorded_in_signed_stat
     assert judged.state == GuardState(
         uid=UID,
         entries={EBS: EntryState(count=23, changed_at=T0 + timedelta(seconds=5), writer_version="v1.37.0")},
+        sequence=1,
     )
 
 
@@ -800,7 +801,8 @@ CANARY = make_policy(enforcementScope={"nodeSelector": {"matchLabels": {"csinode
                      id="a node the selector matches is enforced"),
         pytest.param(StaticClusterView(nodes={NODE: {"labels": {"csinode-guard.io/enforce": "false"}}}), False,
                      id="a node the selector does not match is judged in dryrun"),
-        pytest.param(StaticClusterView(), False, id="a node whose labels are unknown is judged in dryrun"),
+        pytest.param(StaticClusterView(), True,
+                     id="a node whose labels are unknown is enforced (it could make them unknown to leave the canary)"),
     ],
 )
 def test_enforcement_scope_limits_enforcement_to_matching_nodes(cluster: StaticClusterView, in_scope: bool) -> None:

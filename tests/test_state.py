@@ -20,6 +20,7 @@ from webhook.admission.state import (
     DeclaredVersion,
     EntryState,
     GuardState,
+    PinnedLabel,
     StateKeys,
     StateProblem,
     decode_state,
@@ -238,6 +239,7 @@ entries = st.builds(
     writer_version=st.one_of(st.none(), st.sampled_from(["v1.37.0", "v1.34.2-eks-1a2b3c"]), names),
     frozen_until=st.one_of(st.none(), ms_times),
     correction=st.one_of(st.none(), corrections),
+    pinned=st.one_of(st.none(), st.builds(PinnedLabel, label=names, value=st.text(max_size=12))),
 )
 approvals = st.builds(
     Approval,
@@ -260,6 +262,8 @@ states = st.builds(
         st.builds(DeclaredVersion, version=st.text(max_size=10), set_by=st.text(max_size=8), set_at=ms_times),
         max_size=2,
     ),
+    scope=st.one_of(st.none(), st.text(max_size=20)),
+    sequence=st.integers(0, 2**40),
 )
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

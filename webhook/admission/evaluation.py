@@ -40,6 +40,7 @@ from types import MappingProxyType
 from typing import Any
 
 from webhook.admission.budget import IncreaseBudget
+from webhook.admission.ceiling_pin import pin_ceiling
 from webhook.admission.cluster import AttachError, AttachErrorClass, ClusterView
 from webhook.admission.csinode import (
     CountChange,
@@ -84,6 +85,7 @@ from webhook.admission.state import (
     DecodedState,
     EntryState,
     GuardState,
+    PinnedLabel,
     StateKeys,
     StateProblem,
     decode_state,
@@ -256,12 +258,19 @@ def _raw_drivers(obj: Mapping[str, Any] | None) -> list[Any]:
 
 
 def _in_scope(policy: Policy, labels: Mapping[str, str] | None) -> bool:
+    """True when ``spec.enforcementScope.nodeSelector`` selects the node (or there is none). A node whose labels
+    are unknown (Node missing, cache not synced) is enforced: the node could otherwise leave the canary by making
+    its labels unknown."""
     wanted = policy.scope_match_labels
-    if wanted is None:
+    if wanted is None or labels is None:
         return True
-    if labels is None:
-        return False
     return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def _scope_key(policy: Policy) -> str | None:
+    """The enforcement scope as recorded in the state: canonical JSON of its ``matchLabels`` (None: no scope)."""
+    wanted = policy.scope_match_labels
+    return None if wanted is None else json.dumps(dict(wanted), sort_keys=True, separators=(",", ":"))
 
 
 def _closest_to_old(change: CountChange, targets: Sequence[int]) -> int:
@@ -423,7 +432,9 @@ class _Evaluation:
         self.contexts: dict[str, RuleContext] = {}
         self.exempt = policy.exemptions.contains(request.username, request.groups)
         self.labels = cluster.node_labels(self.node)
-        self.in_scope = _in_scope(policy, self.labels)
+        self.scope_key = _scope_key(policy)
+        self.scope_matched = _in_scope(policy, self.labels)
+        self.in_scope = self.scope_matched  # and the scope the state pinned: set below, once the state is read
         self.writer = Writer(
             username=request.username,
             groups=request.groups,
@@ -437,6 +448,11 @@ class _Evaluation:
         self.approvals_by_driver: dict[str, tuple[Approval, ...]] = {}
         self.approvals_recorded = 0
         self.declared: dict[str, DeclaredVersion] = dict(state.declared) if state is not None else {}
+        # Once judged in the enforcement scope, an object stays in it: the node can remove a label from itself.
+        self.base_sequence = state.sequence if state is not None else 0
+        self.scope_pinned = state is not None and self.scope_key is not None and state.scope == self.scope_key
+        self.in_scope = self.scope_matched or self.scope_pinned
+        self.pins: dict[str, PinnedLabel | None] = {}  # the ceiling label pinned per judged entry
         self.declared_changed = False
         self.never_refused = False  # the whole write: set by run() before any rule runs
         self.soft_drivers: set[str] = set()  # entries the write does not touch, reconciled: never refused
@@ -709,20 +725,25 @@ class _Evaluation:
         errors = self.cluster.attach_errors(
             self.node, change.driver, self.now - self.policy.evidence_window
         )
+        entry = self.entries.get(change.driver)
+        approvals = self.approvals_by_driver.get(change.driver, ())
+        pinned = pin_ceiling(dp.ceiling, self.labels, entry.pinned if entry else None, approvals,
+                             driver=change.driver, count=change.new, now=self.now)
         ctx = RuleContext(
             change=change,
             policy=self.policy,
             driver_policy=dp,
             writer=self.writer,
-            entry=self.entries.get(change.driver),
-            approvals=self.approvals_by_driver.get(change.driver, ()),
+            entry=entry,
+            approvals=approvals,
             driver_version=_driver_version(dp, self.declared, self.cluster, self.node, change.driver),
             node_labels=self.labels,
             attach_errors=errors,
             update_period=self.cluster.driver_update_period(change.driver),
             now=self.now,
-            resolved_ceiling=dp.ceiling.resolve(self.labels),
+            resolved_ceiling=(pinned.ceiling, pinned.why),
         )
+        self.pins[change.driver] = pinned.pin
         self.contexts[change.driver] = ctx
         self.outcomes_from[id(change)] = len(self.outcomes)
         for rule_id, check in RULES:
@@ -898,6 +919,7 @@ class _Evaluation:
                 and prev.count == final
                 and not freeze
                 and ctx.driver_version in (None, prev.writer_version)
+                and self.pins.get(c.driver, prev.pinned) == prev.pinned
             ):
                 # A plugin restart that brings the entry back as it was: nothing new to record (no state churn).
                 outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
@@ -923,6 +945,7 @@ class _Evaluation:
                 writer_version=ctx.driver_version or (prev.writer_version if prev else None),
                 frozen_until=frozen_until,
                 correction=correction,
+                pinned=self.pins.get(c.driver, prev.pinned if prev else None),
             )
             if entries is None:
                 entries = dict(self.entries)
@@ -933,7 +956,16 @@ class _Evaluation:
         # Entries of drivers that are not in the object now are kept: kubelet removes a driver whose node plugin
         # restarts and registers it again, and its history (freeze, correction, version) must survive that.
         approvals = tuple(a for a in self.approvals if a.expires > self.now)  # expired approvals are dropped
-        state = GuardState(self.uid, self.entries if entries is None else entries, approvals, self.declared)
+        # The scope stays pinned until a justifier's annotation on the object lets a node that left it go.
+        keep_scope = self.scope_matched or (self.scope_pinned and not self.approvals_recorded)
+        state = GuardState(
+            self.uid,
+            self.entries if entries is None else entries,
+            approvals,
+            self.declared,
+            scope=self.scope_key if keep_scope and self.in_scope else None,
+            sequence=self.base_sequence + 1,
+        )
         return state, outcomes
 
     def _patch(self, changes: Sequence[CountChange], finals: Mapping[str, int | None],

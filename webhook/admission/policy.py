@@ -139,9 +139,14 @@ class Ceiling:
     patterns: tuple[PatternCeiling, ...] = ()
     profile: DriverProfile | None = None
 
+    @property
+    def label(self) -> str | None:
+        """The node label that selects the ceiling (``nodeLabel``, else the profile's), None when none does."""
+        return self.node_label or (self.profile.node_label if self.profile else None)
+
     def resolve(self, labels: Mapping[str, str] | None) -> tuple[int | None, str]:
         """The ceiling (count, None = no ceiling) for a node with ``labels`` (None = unknown) and why."""
-        label = self.node_label or (self.profile.node_label if self.profile else None)
+        label = self.label
         value = labels.get(label) if (labels is not None and label) else None
         found: int | None = None
         why = ""

@@ -18,6 +18,18 @@ Wire format (JSON, compact, keys sorted)::
                                       "at": "..."}},
      "sig": "<base64url HMAC-SHA256 of the document without sig>"}
 
+Optional members, each left out when unset (so states written before they existed keep their bytes):
+
+- ``drivers.<name>.pinned``: ``{"label": "node.kubernetes.io/instance-type", "value": "m6i.large"}``, the value of
+  the node label that selected the entry's ceiling when the guard first applied a label-selected ceiling. The node's
+  kubelet may set that label on its own Node (NodeRestriction): a later value may lower the ceiling, never raise it
+  above the pinned value's, until an approver's justification covers the higher count
+  (:mod:`webhook.admission.ceiling_pin`).
+- ``scope``: the ``enforcementScope.nodeSelector`` (canonical JSON of its ``matchLabels``) the object was judged
+  in: once in scope, a node that removes the label stays enforced (leaving needs a justifier's annotation).
+- ``seq``: the state's sequence, +1 for every state the guard writes for the object (absent = 0). A state older
+  than the newest one a replica saw for the object (``ClusterView.newest_state_sequence``) is a replay.
+
 ``declared`` (left out when empty, so states written before it existed keep their bytes) holds the driver
 versions a trusted principal declared in the ``csinode-guard.io/driver-versions`` annotation, with who set them
 and when: the ``annotation`` version source reads only these, never the annotation itself, which the node's
@@ -55,6 +67,7 @@ class StateProblem(enum.StrEnum):
     BAD_SIGNATURE = "bad-signature"
     OTHER_OBJECT = "other-object"
     UNSUPPORTED_VERSION = "unsupported-version"
+    REPLAYED = "replayed"
 
 
 @functools.lru_cache(maxsize=256)
@@ -104,15 +117,24 @@ class Approval(NamedTuple):
         return self.min_count <= count <= self.max_count
 
 
+class PinnedLabel(NamedTuple):
+    """The node label ``label`` had ``value`` when it selected the entry's ceiling (see :mod:`ceiling_pin`)."""
+
+    label: str
+    value: str
+
+
 @dataclass(frozen=True)
 class EntryState:
-    """History of one (node, driver) entry: last accepted count (None = unbounded) and when it changed."""
+    """History of one (node, driver) entry: last accepted count (None = unbounded) and when it changed;
+    ``pinned`` the label value that selected its ceiling (None: nothing pinned yet)."""
 
     count: int | None
     changed_at: datetime
     writer_version: str | None = None
     frozen_until: datetime | None = None
     correction: Correction | None = None
+    pinned: PinnedLabel | None = None
 
 
 class DeclaredVersion(NamedTuple):
@@ -124,13 +146,16 @@ class DeclaredVersion(NamedTuple):
 
 
 class GuardState(NamedTuple):
-    """Decoded state of one CSINode (``uid``): entries by driver name, recorded approvals and the driver
-    versions trusted principals declared (``declared``, by driver name)."""
+    """Decoded state of one CSINode (``uid``): entries by driver name, recorded approvals, the driver
+    versions trusted principals declared (``declared``, by driver name), the enforcement scope the object was
+    judged in (``scope``, None: none pinned) and the state's ``sequence`` (0 for a state without one)."""
 
     uid: str
     entries: Mapping[str, EntryState] = MappingProxyType({})
     approvals: tuple[Approval, ...] = ()
     declared: Mapping[str, DeclaredVersion] = MappingProxyType({})
+    scope: str | None = None
+    sequence: int = 0
 
     def with_entry(self, driver: str, entry: EntryState) -> GuardState:
         """A copy with ``driver``'s entry replaced."""
@@ -219,7 +244,7 @@ def encode_state(state: GuardState, keys: StateKeys) -> str:
     """Serialize and sign ``state``; the result is the annotation value (deterministic for equal states)."""
     drivers: dict[str, Any] = {}
     for name, e in sorted(state.entries.items()):
-        drivers[name] = {
+        entry: dict[str, Any] = {
             "count": e.count,
             "changedAt": format_time(e.changed_at),
             "writerVersion": e.writer_version,
@@ -233,6 +258,9 @@ def encode_state(state: GuardState, keys: StateKeys) -> str:
                 "basis": e.correction.basis,
             },
         }
+        if e.pinned is not None:
+            entry["pinned"] = {"label": e.pinned.label, "value": e.pinned.value}
+        drivers[name] = entry
     approvals = [
         {
             "driver": a.driver,
@@ -252,6 +280,10 @@ def encode_state(state: GuardState, keys: StateKeys) -> str:
             name: {"version": d.version, "by": d.set_by, "at": format_time(d.set_at)}
             for name, d in sorted(state.declared.items())
         }
+    if state.scope is not None:  # sorts before "sig" as well
+        doc["scope"] = state.scope
+    if state.sequence:
+        doc["seq"] = state.sequence
     payload = _canonical(doc)
     signature = keys.sign(payload)
     # Keys sorted: "sig" goes right before the last two, "uid" (a string) and "v". Splicing it in gives the bytes
@@ -291,12 +323,14 @@ def _decode_entry(raw: Any) -> EntryState:
         )
     frozen = raw.get("frozenUntil")
     version = raw.get("writerVersion")
+    pinned = raw.get("pinned")
     return EntryState(
         count=_opt_int(raw.get("count")),
         changed_at=parse_time(raw["changedAt"]),
         writer_version=str(version) if version is not None else None,
         frozen_until=parse_time(frozen) if frozen is not None else None,
         correction=correction,
+        pinned=PinnedLabel(str(pinned["label"]), str(pinned["value"])) if pinned is not None else None,
     )
 
 
@@ -372,9 +406,16 @@ def _decode_document(doc: dict[str, Any], uid: str) -> DecodedState:
         if not isinstance(raw_declared, dict):
             raise ValueError("declared must be an object")
         declared = {str(k): _decode_declared(v) for k, v in raw_declared.items()}
+        scope = doc.get("scope")
+        if scope is not None and not isinstance(scope, str):
+            raise ValueError("scope must be a string")
+        sequence = doc.get("seq", 0)
+        if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 0:
+            raise ValueError("seq must be a non-negative integer")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a signed state with a field of a wrong type
         return DecodedState(None, StateProblem.MALFORMED, f"bad field: {exc}")
-    return DecodedState(GuardState(uid=uid, entries=entries, approvals=approvals, declared=declared))
+    return DecodedState(GuardState(uid=uid, entries=entries, approvals=approvals, declared=declared, scope=scope,
+                                   sequence=sequence))
 
 
 def read_state_unverified(value: str | None, uid: str) -> DecodedState:
