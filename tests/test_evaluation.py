@@ -414,8 +414,6 @@ def test_a_misconfigured_registration_is_allowed_with_a_warning(
         pytest.param(25, KUBELET, 25, [], id="kubelet registering a driver with a count"),
         pytest.param(None, KUBELET, 27, ["count-ceiling"], id="kubelet registering a driver without a count"),
         pytest.param(2147483647, KUBELET, 27, ["count-ceiling"], id="kubelet registering a driver at int32 max"),
-        pytest.param(500, OTHER_KUBELET, 27, ["writer-identity", "count-ceiling"],
-                     id="another node's kubelet registering a driver"),
     ],
 )
 def test_a_driver_registration_is_clamped_never_refused(
@@ -432,15 +430,25 @@ def test_a_driver_registration_is_clamped_never_refused(
     assert judged.state.entries[EBS].count == final
 
 
-def test_a_driver_removal_is_always_allowed() -> None:
+def test_a_driver_removal_by_the_nodes_kubelet_is_always_allowed() -> None:
     old = stored(25)
     new = without_driver(old, EBS)
 
-    judged = judge(old, new, user=STRANGER)
+    judged = judge(old, new)
 
     assert judged.body["allowed"] is True
     assert "patch" not in judged.body
     assert "warnings" not in judged.body
+
+
+def test_a_driver_removal_by_a_stranger_is_refused_by_writer_identity() -> None:
+    # A removed entry has no limit for the scheduler: a stranger's removal would lift the node's limit.
+    old = stored(25)
+
+    judged = judge(old, without_driver(old, EBS), user=STRANGER)
+
+    assert judged.body["allowed"] is False
+    assert judged.body["status"]["message"].startswith(f"[writer-identity] {NODE}: spec.drivers[{EBS}] (removal)")
 
 
 def test_a_put_that_changes_no_count_is_allowed_without_a_patch() -> None:
@@ -727,14 +735,14 @@ def test_a_clamp_back_to_the_stored_count_leaves_the_object_byte_identical(
         assert judged.patch == [{"op": "replace", "path": "/spec/drivers", "value": old["spec"]["drivers"]}]
 
 
-def test_a_clamp_back_to_the_stored_count_also_restores_an_edited_state() -> None:
+def test_a_write_that_edits_the_state_is_refused_even_with_a_clamp() -> None:
     old = with_drivers(stored(), driver_entry(EBS, 25), driver_entry(EFS, None))
     put = with_annotation(kubelet_update(old, EBS, None), STATE, '{"forged": true}')
 
     judged = judge(old, put)
 
-    assert judged.final is not None
-    assert json.dumps(judged.final) == json.dumps(old)
+    assert judged.body["allowed"] is False
+    assert "[state-integrity]" in judged.body["status"]["message"]
 
 
 def test_an_unbounded_entry_clamped_next_to_an_admitted_change_gets_its_count_back() -> None:
@@ -959,43 +967,51 @@ def test_validate_with_state_integrity_in_dryrun_only_audits() -> None:
 # -- the state annotation belongs to the guard ---------------------------------------------------------------------
 
 
-def test_a_request_that_edits_the_state_gets_the_stored_value_back() -> None:
+@pytest.mark.parametrize("user", [KUBELET, STRANGER], ids=["the node's kubelet", "a stranger"])
+def test_a_request_that_edits_the_state_is_refused(user: str) -> None:
     old = stored(25, state=history(25, frozen_until=T0 + timedelta(hours=3)))
     forged = encode_state(history(25), StateKeys([b"attacker-key-attacker-key-32byte"]))
 
-    judged = judge(old, with_annotation(old, STATE, forged), user=STRANGER)
+    judged = judge(old, with_annotation(old, STATE, forged), user=user)
 
-    assert judged.body["allowed"] is True
-    assert judged.patch == [{"op": "add", "path": STATE_POINTER, "value": old["metadata"]["annotations"][STATE]}]
-    assert judged.final == old
+    assert judged.body["allowed"] is False
+    assert "changes the guard's state" in judged.body["status"]["message"]
 
 
-def test_a_request_that_removes_the_state_gets_it_back() -> None:
+def test_a_request_that_removes_the_state_is_refused_also_with_a_removal() -> None:
+    # Attack 7's first write: the node removes a driver and deletes the state in one PUT.
     old = stored(25)
-    judged = judge(old, with_annotation(old, STATE, None))
-    assert judged.final == old
+    judged = judge(old, with_annotation(without_driver(old, EBS), STATE, None))
+    assert judged.body["allowed"] is False
+    assert "removes the guard's state" in judged.body["status"]["message"]
 
 
-def test_a_request_that_adds_a_state_where_there_was_none_gets_it_removed() -> None:
+def test_the_guards_own_state_met_again_on_reinvocation_is_not_refused() -> None:
+    old = stored(25)
+    first = judge(old, kubelet_update(old, EBS, 23))
+    assert first.final is not None and first.state is not None
+
+    again = judge(old, first.final)  # /mutate reinvoked after another webhook changed the object
+
+    assert again.body["allowed"] is True
+    assert again.state is not None and again.state.sequence == first.state.sequence
+
+
+def test_a_request_that_adds_a_state_where_there_was_none_is_refused() -> None:
     old = stored(25, state=None)
 
     judged = judge(old, with_annotation(old, STATE, encode_state(history(25), KEYS)))
 
-    assert judged.patch == [{"op": "remove", "path": STATE_POINTER}]
-    assert judged.final == old
+    assert judged.body["allowed"] is False
 
 
-def test_a_request_that_edits_the_state_with_an_admitted_change_gets_a_freshly_signed_state() -> None:
+def test_a_request_that_edits_the_state_with_a_decrease_is_refused() -> None:
     old = stored(25)
     new = with_annotation(kubelet_update(old, EBS, 23), STATE, '{"drivers": {}}')
 
     judged = judge(old, new)
 
-    assert judged.state is not None
-    assert judged.state.entries[EBS].count == 23
-
-
-# -- dry-run requests ----------------------------------------------------------------------------------------------
+    assert judged.body["allowed"] is False
 
 
 def _same_decision_cases() -> list[Any]:

@@ -33,7 +33,15 @@ from webhook.admission.cluster import AttachError, StaticClusterView
 from webhook.admission.evaluation import AdmissionDecision, Decision, Mode, evaluate
 from webhook.admission.policy import EnforcementAction, Policy, bundled_policy_path, load_policy, parse_policy
 from webhook.admission.review import build_response, parse_review
-from webhook.admission.state import STATE_ANNOTATION, EntryState, GuardState, StateKeys, decode_state, encode_state
+from webhook.admission.state import (
+    STATE_ANNOTATION,
+    EntryState,
+    GuardState,
+    StateKeys,
+    StateProblem,
+    decode_state,
+    encode_state,
+)
 
 KEYS = StateKeys([b"r" * 32])
 POLICY = load_policy()
@@ -265,14 +273,23 @@ def test_an_increase_with_the_same_node_id_is_still_judged_as_an_increase() -> N
     assert any("change-rate deny acts as clamp for the node's kubelet" in n for n in decision.notes)
 
 
-def test_a_removal_is_never_judged() -> None:
+def test_a_removal_by_the_nodes_kubelet_is_never_judged() -> None:
     node = registered(25)
 
-    decision = node.put(without_driver(node.obj, EBS), timedelta(hours=2), user=STRANGER)
+    decision = node.put(without_driver(node.obj, EBS), timedelta(hours=2))
 
     assert decision.response.allowed is True
     assert decision.outcomes == ()
     assert EBS in node.state.entries  # the removed driver keeps its state entry
+
+
+def test_a_removal_by_a_stranger_is_refused() -> None:
+    node = registered(25)
+
+    decision = node.put(without_driver(node.obj, EBS), timedelta(hours=2), user=STRANGER)
+
+    assert decision.response.allowed is False
+    assert node.count == 24
 
 
 # -- reconciliation: what went through while the guard was down ------------------------------------------------
@@ -474,3 +491,64 @@ def test_recovery_after_a_correction_is_paced_per_interval_not_per_registration(
         assert node.count == 5
     node.restart_plugin(25, timedelta(minutes=3, seconds=5))
     assert node.count == 7  # one recoveryStep after the interval
+
+
+# -- replayed and stripped states, entries without state ------------------------------------------------------
+
+
+def test_an_older_state_than_the_newest_seen_is_a_replay_judged_from_the_ceilings() -> None:
+    # Attack 8: with the guard down the node PUT an older signed state of its own, then installs ebs with 26.
+    node = Node(base_csinode())
+    assert node.put(kubelet_update(node.obj, EBS, 25), timedelta(0)).response.allowed
+    older = copy.deepcopy(node.obj)
+    assert node.put(kubelet_update(node.obj, EBS, 5), timedelta(minutes=5)).response.allowed
+    newest = node.state.sequence
+    assert newest == older_sequence(older) + 1
+    node.view.state_sequences[node.obj["metadata"]["uid"]] = newest  # a CSINode watch saw it
+
+    unjudged(node, without_driver(older, EBS))  # the older state, with a removal
+    decision = node.restart_plugin(26, timedelta(minutes=6))
+
+    assert decision.state_problem is StateProblem.REPLAYED
+    # Not judged from the replayed state (its entry, 25 an hour ago, would pass 26 as a step): from the ceilings only,
+    # as the newest state's content is not at hand; with 128 the ceiling would hold it.
+    assert node.count == 26
+    assert node.restart_plugin(128, timedelta(minutes=6, seconds=30)).response.allowed
+    assert node.count == 26  # now paced from the fresh state
+    assert node.state.sequence == newest + 1  # the next state is past the newest seen
+
+
+def older_sequence(obj: dict[str, Any]) -> int:
+    found = decode_state(obj["metadata"]["annotations"][STATE_ANNOTATION], obj["metadata"]["uid"], KEYS).state
+    assert found is not None
+    return found.sequence
+
+
+def test_a_removed_state_is_named_in_the_detail() -> None:
+    node = Node(base_csinode())
+    assert node.put(kubelet_update(node.obj, EBS, 25), timedelta(0)).response.allowed
+    node.view.state_sequences[node.obj["metadata"]["uid"]] = node.state.sequence
+    unjudged(node, with_annotation(node.obj, STATE_ANNOTATION, None))
+
+    decision = node.put(kubelet_update(node.obj, EBS, 24), timedelta(minutes=5))
+
+    assert decision.state_problem is StateProblem.MISSING
+    assert "it was removed" in decision.state_detail
+
+
+def test_entries_without_state_get_the_stateless_rules_at_the_next_judged_write() -> None:
+    # Attack 7: with the guard down, a removal that deleted the state, then install ebs 39 and a driver x without
+    # a limit; the guard up, a judged write of another driver.
+    doc = copy.deepcopy(POLICY.document)
+    doc["spec"]["drivers"]["x.csi.example.com"] = {"ceiling": {"max": 10}}
+    node = Node(base_csinode(), parse_policy(doc, "x.yaml", POLICY_DIR))
+    assert node.put(kubelet_update(node.obj, EBS, 5), timedelta(0)).response.allowed
+    stripped = with_annotation(without_driver(node.obj, EBS), STATE_ANNOTATION, None)
+    unjudged(node, kubelet_update(kubelet_update(stripped, EBS, 39), "x.csi.example.com", None))
+
+    decision = node.put(kubelet_update(node.obj, "pd.csi.storage.gke.io", 12), timedelta(minutes=5))
+
+    assert decision.response.allowed is True
+    assert node.count == CEILING
+    assert count_of(node.obj, "x.csi.example.com") == 10
+    assert any("has no state entry" in n for n in decision.notes)

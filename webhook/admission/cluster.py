@@ -101,6 +101,11 @@ class ClusterView(Protocol):
         """Number of attached VolumeAttachments (``status.attached``) for (node, driver), or None when unknown."""
         ...
 
+    def newest_state_sequence(self, uid: str) -> int | None:
+        """The highest ``seq`` of a verified ``csinode-guard.io/state`` seen on the CSINode with ``metadata.uid``
+        ``uid`` (a CSINode watch), or None when none was seen or it is unknown. A state older than it is a replay."""
+        ...
+
 
 @dataclass
 class StaticClusterView:
@@ -109,7 +114,8 @@ class StaticClusterView:
     ``nodes`` maps node name -> {"labels": {...}, "kubeletVersion": "v1.35.0"}; ``driver_periods`` maps driver
     -> seconds; ``driver_versions`` maps node -> driver -> version; ``attach_error_list`` maps (node, driver)
     -> errors; ``attached`` maps (node, driver) -> count. ``known_attach_errors`` says whether an absent
-    (node, driver) means "no errors" (True) or "unknown" (False).
+    (node, driver) means "no errors" (True) or "unknown" (False). ``state_sequences`` maps a CSINode's UID to
+    the newest state sequence seen for it.
     """
 
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -118,6 +124,7 @@ class StaticClusterView:
     attach_error_list: dict[tuple[str, str], list[AttachError]] = field(default_factory=dict)
     attached: dict[tuple[str, str], int] = field(default_factory=dict)
     known_attach_errors: bool = True
+    state_sequences: dict[str, int] = field(default_factory=dict)
 
     def node_labels(self, node: str) -> Mapping[str, str] | None:
         """See :meth:`ClusterView.node_labels`."""
@@ -152,6 +159,10 @@ class StaticClusterView:
         """See :meth:`ClusterView.attached_volumes`."""
         return self.attached.get((node, driver))
 
+    def newest_state_sequence(self, uid: str) -> int | None:
+        """See :meth:`ClusterView.newest_state_sequence`."""
+        return self.state_sequences.get(uid)
+
 
 class UnknownClusterView:
     """A :class:`ClusterView` that knows nothing: the offline default when no cluster is configured."""
@@ -177,6 +188,10 @@ class UnknownClusterView:
         return None
 
     def attached_volumes(self, node: str, driver: str) -> int | None:
+        """Always unknown."""
+        return None
+
+    def newest_state_sequence(self, uid: str) -> int | None:
         """Always unknown."""
         return None
 

@@ -43,6 +43,7 @@ from webhook.admission.budget import IncreaseBudget
 from webhook.admission.ceiling_pin import pin_ceiling
 from webhook.admission.cluster import AttachError, AttachErrorClass, ClusterView
 from webhook.admission.csinode import (
+    INT32_MAX,
     CountChange,
     CSINode,
     CSINodeError,
@@ -442,14 +443,17 @@ class _Evaluation:
             is_listed_writer=policy.writers.contains(request.username, request.groups),
         )
         self.decoded: DecodedState = decode_state(old.annotations.get(STATE_ANNOTATION), self.uid, keys)
+        newest = cluster.newest_state_sequence(self.uid) if self.uid else None
+        self._check_replay(newest)
         state = self.decoded.state
+        # The next state's sequence: past the stored one and past the newest any replica saw for the object.
+        self.base_sequence = max(state.sequence if state is not None else 0, newest or 0)
         self.entries: Mapping[str, EntryState] = state.entries if state is not None else {}
         self.approvals: list[Approval] = list(state.approvals) if state is not None else []
         self.approvals_by_driver: dict[str, tuple[Approval, ...]] = {}
         self.approvals_recorded = 0
         self.declared: dict[str, DeclaredVersion] = dict(state.declared) if state is not None else {}
         # Once judged in the enforcement scope, an object stays in it: the node can remove a label from itself.
-        self.base_sequence = state.sequence if state is not None else 0
         self.scope_pinned = state is not None and self.scope_key is not None and state.scope == self.scope_key
         self.in_scope = self.scope_matched or self.scope_pinned
         self.pins: dict[str, PinnedLabel | None] = {}  # the ceiling label pinned per judged entry
@@ -458,6 +462,28 @@ class _Evaluation:
         self.soft_drivers: set[str] = set()  # entries the write does not touch, reconciled: never refused
         self.restore_annotations: list[str] = []  # annotations a stranger changed on a write never refused
         self.stored_before: dict[str, int | None] = {}  # entries judged from the state's count: what was stored
+        self._stateless: list[CountChange] = []  # untouched entries without state, judged by the ceilings
+
+    def _check_replay(self, newest: int | None) -> None:
+        """A verified state older than the newest one seen for the object (``ClusterView.newest_state_sequence``)
+        is a replay (the node PUT back an older state of its own while the guard was down): not used, so the
+        entries are judged from the ceilings (the newest state's content is not at hand). A missing state on an
+        object a state was seen for was removed: said in the detail (logged)."""
+        state = self.decoded.state
+        if newest is None:
+            return
+        if state is not None and state.sequence < newest:
+            self.decoded = DecodedState(
+                None, StateProblem.REPLAYED,
+                f"state sequence {state.sequence} is older than {newest}, the newest seen for this object (replayed); "
+                "its entries are judged from the ceilings",
+            )
+        elif state is None and self.decoded.problem is StateProblem.MISSING:
+            self.decoded = DecodedState(
+                None, StateProblem.MISSING,
+                f"the object had a state (sequence {newest} seen) and it was removed; its entries are judged from the "
+                "ceilings",
+            )
 
     @property
     def budget_clock(self) -> float:
@@ -528,10 +554,11 @@ class _Evaluation:
                 return i
         return None
 
-    def _add(self, change: CountChange | None, v: Violation) -> None:
+    def _add(self, change: CountChange | None, v: Violation, force: EnforcementAction | None = None) -> None:
         """Record a finding. A rule has one outcome per change: a pass, or its violations; so a violation found
-        once the rule knows more (change-rate, given the cluster budget's answer) takes the place of its pass."""
-        effective = self._effective(v, change)
+        once the rule knows more (change-rate, given the cluster budget's answer) takes the place of its pass.
+        ``force`` sets the effective action whatever the scope and the write (a refusal for everyone)."""
+        effective = force or self._effective(v, change)
         if effective is EnforcementAction.DENY and change is not None and self._keeps_stored_count(v, change):
             # deny acts as clamp for the node's kubelet: to the count the denial would have kept (the stored one).
             effective = EnforcementAction.CLAMP
@@ -666,6 +693,43 @@ class _Evaluation:
                     del self.declared[driver]  # the reporter no longer declares it
                     self.declared_changed = True
 
+    def _judge_removals(self) -> None:
+        """writer-identity on removals: a driver entry removed by anyone but the node's own kubelet or a writer the
+        policy lists is refused (a removed entry is unbounded to the scheduler). The node's own removals are never
+        judged (kubelet removes the driver of a node plugin that goes away)."""
+        if self.writer.is_node_kubelet or self.writer.is_listed_writer:
+            return
+        who = self.request.username or "(anonymous)"
+        for name in removed_drivers(self.old, self.new):
+            self._add(None, Violation(
+                rule=WRITER_IDENTITY,
+                action=self.policy.for_driver(name).rules.identity_action,
+                why=f"{who} is not the node's kubelet nor a writer the policy lists, and a removed driver entry has no "
+                "limit for the scheduler",
+                proceed="let the node's kubelet remove it (it does when the node plugin goes away), or add the "
+                "principal to spec.writers",
+                annotation=f"spec.drivers[{name}] (removal)",
+            ))
+
+    def _check_state_written(self) -> None:
+        """A write that changes or removes ``csinode-guard.io/state`` is refused for everyone (exempt principals:
+        dry run): only the guard's own patch writes it. The guard's own state, met again when /mutate is reinvoked,
+        is recognised by its signature and its sequence (the stored one + 1)."""
+        old_value = self.old.annotations.get(STATE_ANNOTATION)
+        new_value = self.new.annotations.get(STATE_ANNOTATION)
+        if new_value == old_value:
+            return
+        own = decode_state(new_value, self.uid, self.keys).state
+        if own is not None and own.sequence == self.base_sequence + 1:
+            return
+        what = "removes" if new_value is None else "changes"
+        self._add(None, Violation(
+            rule=STATE_INTEGRITY,
+            action=EnforcementAction.DENY,
+            why=f"the write {what} the guard's state; only csinode-guard's mutating webhook writes it",
+            proceed="keep the annotation as stored (kubelet does); csinode-guard restore puts a count back",
+        ), force=EnforcementAction.DRYRUN if self.exempt else EnforcementAction.DENY)
+
     def _classify(self) -> list[CountChange]:
         """The changes to judge, each from the last count the guard trusts, and whether the write may be refused.
 
@@ -682,7 +746,9 @@ class _Evaluation:
         # The webhook entries' matchConditions split writes the same way (webhook/kube/registration.py): these reach
         # the guard under failurePolicy Ignore, and the guard never refuses them either (kubelet exits when it
         # cannot register a driver). Decreases also come under Ignore but are judged as usual.
-        self.never_refused = structural and not increase
+        # Only the node's own kubelet: anyone else's CREATE, registration or removal is judged by writer-identity
+        # (webhook/kube/registration.py sends it to the Fail entry).
+        self.never_refused = structural and not increase and self.writer.is_node_kubelet
         changes: list[CountChange] = []
         for c in raw:
             entry = self.entries.get(c.driver)
@@ -706,7 +772,10 @@ class _Evaluation:
             changes.append(rebased)
         for name, driver in self.new.drivers.items():
             entry = self.entries.get(name)
-            if name in touched or entry is None or name not in self.old.drivers:
+            if name in touched or name not in self.old.drivers:
+                continue
+            if entry is None:
+                self._reconcile_stateless(name, driver.allocatable_count, driver.position)
                 continue
             if _above(driver.allocatable_count, entry.count):
                 self.notes.append(Note(
@@ -718,7 +787,29 @@ class _Evaluation:
                 self.soft_drivers.add(name)
                 self.stored_before[name] = driver.allocatable_count
                 changes.append(CountChange(self.node, name, entry.count, driver.allocatable_count, driver.position))
+        changes.extend(self._stateless)
         return changes
+
+    def _reconcile_stateless(self, name: str, count: int | None, position: int) -> None:
+        """An entry the write does not touch and the state has no entry for (it went through unjudged, or its
+        state was removed or replayed): judged by the stateless rules -- unbounded where the driver has a finite
+        ceiling, 2147483647, above the ceiling -- as a registration of its stored count, clamped, never refused."""
+        dp = self.policy.for_driver(name)
+        ceiling = pin_ceiling(dp.ceiling, self.labels, None).ceiling
+        if ceiling is None and count is not None and count < INT32_MAX:
+            return
+        if ceiling is not None and count is not None and count <= ceiling:
+            return
+        if ceiling is None and count is None:
+            return
+        self.notes.append(Note(
+            f"{self.node}/{name}: the stored count {format_count(count)} has no state entry (it went through "
+            "unjudged); judged by the ceilings now",
+            name,
+        ))
+        self.soft_drivers.add(name)
+        self.stored_before[name] = count
+        self._stateless.append(CountChange(self.node, name, None, count, position, registration=True))
 
     def _judge(self, change: CountChange) -> None:
         dp = self.policy.for_driver(change.driver)
@@ -1031,6 +1122,9 @@ class _Evaluation:
             return invalid
         self._record_versions()
         self._index_approvals()
+        self._judge_removals()
+        if self.mode is Mode.MUTATE and not self.create:
+            self._check_state_written()
         for change in changes:
             self._judge(change)
         if self.mode is Mode.VALIDATE:

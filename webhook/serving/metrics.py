@@ -228,6 +228,20 @@ def count_client_fault(reason: str) -> None:
     _child(CLIENT_FAULTS, reason).inc()
 
 
+_REPLAYS_LOGGED: dict[str, None] = {}
+"""CSINodes whose replayed state was logged (insertion order; the oldest forgotten past 10000)."""
+
+
+def _first_replay(node: str) -> bool:
+    """True the first time a replayed state of the CSINode ``node`` is seen (logged once per object)."""
+    if node in _REPLAYS_LOGGED:
+        return False
+    _REPLAYS_LOGGED[node] = None
+    if len(_REPLAYS_LOGGED) > 10000:
+        del _REPLAYS_LOGGED[next(iter(_REPLAYS_LOGGED))]
+    return True
+
+
 def _log_state_problem(endpoint: str, decision: AdmissionDecision) -> None:
     # One warning per AdmissionReview whose state annotation was present but not used. It names the CSINode and
     # why (``DecodedState.detail``), never the annotation's value, its signature or a key.
@@ -240,7 +254,8 @@ def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, 
     """Record one answered AdmissionReview: request count, latency, rule results, state and freezes.
 
     A state annotation that was not used is counted under its reason (``missing`` too); one that was present but
-    unusable (a bad signature, another object's, malformed) is also logged once, at warning. Drivers label series
+    unusable (a bad signature, another object's, malformed) is also logged once, at warning, as is a missing state
+    on an object a state was seen for; a ``replayed`` state is logged once per CSINode. Drivers label series
     only when ``known_driver(name)`` is true (:func:`driver_label`); None: none does."""
     keys: list[tuple[Any, tuple[str, ...]]] = [
         (REQUESTS, (endpoint, decision.decision.value, "true" if dry_run else "false"))
@@ -259,8 +274,11 @@ def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, 
                     keys.append((DISAGREEMENT, (driver_label(o.driver, known_driver), o.rule)))
     if decision.state_problem is not None:
         keys.append((STATE_FAILURES, (decision.state_problem.value,)))
-        if decision.state_problem is not StateProblem.MISSING:
-            _log_state_problem(endpoint, decision)
+        if decision.state_problem is StateProblem.REPLAYED:
+            if _first_replay(decision.node):
+                _log_state_problem(endpoint, decision)
+        elif decision.state_problem is not StateProblem.MISSING or decision.state_detail:
+            _log_state_problem(endpoint, decision)  # a missing state is logged when the object had one
     if not dry_run:
         keys += [(FREEZES, (driver_label(c.change.driver, known_driver),)) for c in decision.changes if c.frozen]
     if _PENDING:

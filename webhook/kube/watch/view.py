@@ -326,6 +326,10 @@ class KubernetesClusterView:
         bucket = self._bucket(self.volumeattachments, "attached", (node, driver))
         return None if bucket is None else len(bucket)
 
+    def newest_state_sequence(self, uid: str) -> int | None:
+        """Unknown (None) for now: no CSINode watch feeds this view yet (:meth:`ClusterView.newest_state_sequence`)."""
+        return None
+
     # --- metrics ----------------------------------------------------------------------------------------------
 
     def has_csidriver(self, driver: str) -> bool:
