@@ -69,7 +69,8 @@ def test_a_plugin_restart_of_an_old_driver_reporting_39_ends_within_the_ceiling(
     took = install(control_plane, node, 39)  # the old driver's static table (aws-ebs-csi-driver#1139)
 
     report("guard up, plugin restart reporting 39", took)
-    assert stored_count(control_plane, node) == CEILING
+    # Within minInterval of the first registration: paced, the last accepted count (below the ceiling 27).
+    assert stored_count(control_plane, node) == 25
     clamped = [r for r in guard.decisions() if r.get("node") == node and r.get("decision") == "clamp"]
     assert clamped, "the clamp is audited"
 
