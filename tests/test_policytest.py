@@ -79,7 +79,8 @@ def test_the_examples_cover_every_rule_and_outcome() -> None:
                     decisions.add(expect["decision"])
                 for entry in (expect.get("state") or {}).values():
                     state_keys.update(k for k, v in entry.items() if v not in (None, False))
-    assert rules == {"writer-identity", "writer-version", "count-ceiling", "count-rollback", "change-rate"}
+    assert rules == {"writer-identity", "writer-version", "count-ceiling", "count-rollback", "change-rate",
+                     "state-integrity"}
     assert decisions >= {"allow", "warn", "clamp", "deny", "skip"}
     assert {"frozen", "correction"} <= state_keys
 

@@ -86,11 +86,13 @@ def test_probe_errors_are_classified_by_where_admission_refused() -> None:
     assert classify_probe_error(immutable) is ProbeOutcome.IMMUTABLE
     vap = kubeapi.KubeApiError(403, "Forbidden", "ValidatingAdmissionPolicy 'x' with binding 'x' denied request: no")
     assert classify_probe_error(vap) is ProbeOutcome.REFUSED_AFTER_VALIDATION
-    validating = kubeapi.KubeApiError(400, "BadRequest", 'admission webhook "validate.csinode-guard.io" denied the '
-                                      "request: no")
+    validating = kubeapi.KubeApiError(
+        400, "BadRequest", 'admission webhook "increases-and-other-writers.validate.csinode-guard.io" denied the '
+        "request: no")
     assert classify_probe_error(validating) is ProbeOutcome.REFUSED_AFTER_VALIDATION
-    mutating = kubeapi.KubeApiError(400, "BadRequest", 'admission webhook "mutate.csinode-guard.io" denied the '
-                                    "request: [writer-identity] ...")
+    mutating = kubeapi.KubeApiError(
+        400, "BadRequest", 'admission webhook "increases-and-other-writers.mutate.csinode-guard.io" denied the '
+        "request: [writer-identity] ...")
     assert classify_probe_error(mutating) is ProbeOutcome.REFUSED_BY_ADMISSION
     down = kubeapi.KubeApiError(500, "InternalError", 'Internal error occurred: failed calling webhook "m": ...')
     assert classify_probe_error(down) is ProbeOutcome.REFUSED_BY_ADMISSION
@@ -181,8 +183,8 @@ def test_the_ca_bundle_verifies_the_serving_certificate_for_its_host(certs: tupl
     assert "not PEM" in (verify_serving_certificate(b"junk", leaf, "127.0.0.1", now) or "")
 
 
-ENTRIES = ("mutate.csinode-guard.io", "mutate-never-refused.csinode-guard.io",
-           "validate.csinode-guard.io", "validate-never-refused.csinode-guard.io")
+ENTRIES = ("increases-and-other-writers.mutate.csinode-guard.io", "node-registrations.mutate.csinode-guard.io",
+           "increases-and-other-writers.validate.csinode-guard.io", "node-registrations.validate.csinode-guard.io")
 """Two entries per configuration: failurePolicy Fail for increases, Ignore for what must never be refused."""
 
 
@@ -203,10 +205,10 @@ def test_the_guard_as_registered_passes(certs: tuple[bytes, bytes, bytes]) -> No
     assert statuses(rows) == ["OK"] * 13, rows  # 3 rows for each of the 4 entries, then the Deployment
     assert [r.checked.split(":")[0] for r in rows[:-1]] == [n for n in ENTRIES for _ in range(3)]
     assert [r.checked for r in rows if "failurePolicy" in r.checked] == [
-        "mutate.csinode-guard.io: failurePolicy Fail as documented",
-        "mutate-never-refused.csinode-guard.io: failurePolicy Ignore as documented",
-        "validate.csinode-guard.io: failurePolicy Fail as documented",
-        "validate-never-refused.csinode-guard.io: failurePolicy Ignore as documented",
+        "increases-and-other-writers.mutate.csinode-guard.io: failurePolicy Fail as documented",
+        "node-registrations.mutate.csinode-guard.io: failurePolicy Ignore as documented",
+        "increases-and-other-writers.validate.csinode-guard.io: failurePolicy Fail as documented",
+        "node-registrations.validate.csinode-guard.io: failurePolicy Ignore as documented",
     ]
     assert rows[-1].checked == "2/2 replicas ready"
 
@@ -224,13 +226,13 @@ def test_guard_problems_are_named(certs: tuple[bytes, bytes, bytes]) -> None:
     blocking = check_guard(facts(webhook_configurations=_registered(bundle, entry=1, failurePolicy="Fail"),
                                  serving_certificates=served))
     assert [(c.checked.split(":")[0], c.status) for c in blocking if "failurePolicy Fail, documented Ignore" in
-            c.checked] == [("mutate-never-refused.csinode-guard.io", Status.FAIL),
-                           ("validate-never-refused.csinode-guard.io", Status.FAIL)]
+            c.checked] == [("node-registrations.mutate.csinode-guard.io", Status.FAIL),
+                           ("node-registrations.validate.csinode-guard.io", Status.FAIL)]
     assert all("blocks kubelet's CSINode creation" in c.checked for c in blocking if "documented Ignore" in c.checked)
     unconditioned = check_guard(facts(webhook_configurations=_registered(bundle, entry=1, matchConditions=[]),
                                       serving_certificates=served))
     assert [c.checked.split(":")[0] for c in unconditioned if c.status is Status.FAIL] == [
-        "mutate-never-refused.csinode-guard.io", "validate-never-refused.csinode-guard.io"]
+        "node-registrations.mutate.csinode-guard.io", "node-registrations.validate.csinode-guard.io"]
     assert loose[-1].status is Status.WARN and loose[-1].checked == "1/2 replicas ready"
     wrong_ca = check_guard(facts(webhook_configurations=_registered(other), serving_certificates=served))
     assert [c.status for c in wrong_ca if "does not verify" in c.checked] == [Status.FAIL] * 4

@@ -222,7 +222,7 @@ def test_restore_dry_run_prints_the_change_and_sends_a_server_side_dry_run(
 def test_restore_shows_the_api_servers_refusal(apiserver: FakeApiServer, kubeconfig: str, key_file: Path) -> None:
     apiserver.load([csinode(39, 25)])
     denial = (
-        'admission webhook "mutate.csinode-guard.io" denied the request: [writer-identity] '
+        'admission webhook "increases-and-other-writers.mutate.csinode-guard.io" denied the request: [writer-identity] '
         f"{NODE}/{EBS}: alice is not a justifier the policy lists"
     )
     apiserver.fail_next(CSINODES, 403, method="PUT", message=denial)

@@ -280,11 +280,12 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
         [
             _series(
                 "apiserver_admission_match_condition_evaluation_errors_total",
-                'name="mutate.csinode-guard.io", kind="webhook", operation="UPDATE", type="admit"',
+                'name="increases-and-other-writers.mutate.csinode-guard.io", kind="webhook", operation="UPDATE", '
+                'type="admit"',
                 "0+1x10",
             )
         ],
-        [{"severity": "critical", "name": "mutate.csinode-guard.io"}],
+        [{"severity": "critical", "name": "increases-and-other-writers.mutate.csinode-guard.io"}],
     ),
     (
         "CSINodeGuardMatchConditionErrors",
@@ -304,12 +305,13 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
         [
             _series(
                 "apiserver_admission_webhook_rejection_count",
-                'name="validate.csinode-guard.io", type="validating", operation="UPDATE", '
+                'name="increases-and-other-writers.validate.csinode-guard.io", type="validating", operation="UPDATE", '
                 'error_type="calling_webhook_error", rejection_code="0"',
                 "0+1x25",
             )
         ],
-        [{"severity": "critical", "name": "validate.csinode-guard.io", "error_type": "calling_webhook_error"}],
+        [{"severity": "critical", "name": "increases-and-other-writers.validate.csinode-guard.io",
+          "error_type": "calling_webhook_error"}],
     ),
     (
         "CSINodeGuardCallsFailing",
@@ -317,7 +319,7 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
         [
             _series(
                 "apiserver_admission_webhook_rejection_count",
-                'name="validate.csinode-guard.io", type="validating", operation="UPDATE", '
+                'name="increases-and-other-writers.validate.csinode-guard.io", type="validating", operation="UPDATE", '
                 'error_type="no_error", rejection_code="403"',
                 "0+1x25",
             )
@@ -330,11 +332,11 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
         [
             _series(
                 "apiserver_admission_webhook_fail_open_count",
-                'name="mutate-never-refused.csinode-guard.io", type="admit", error_type="calling_webhook_error"',
+                'name="node-registrations.mutate.csinode-guard.io", type="admit", error_type="calling_webhook_error"',
                 "0x5 1x15",
             )
         ],
-        [{"severity": "warning", "name": "mutate-never-refused.csinode-guard.io"}],
+        [{"severity": "warning", "name": "node-registrations.mutate.csinode-guard.io"}],
     ),
     (
         "CSINodeGuardFailOpen",
@@ -342,7 +344,7 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
         [
             _series(
                 "apiserver_admission_webhook_fail_open_count",
-                'name="mutate-never-refused.csinode-guard.io", type="admit", error_type="calling_webhook_error"',
+                'name="node-registrations.mutate.csinode-guard.io", type="admit", error_type="calling_webhook_error"',
                 "0x20",
             )
         ],

@@ -94,19 +94,32 @@ POLICIES = {
 }
 
 
+NODE = "ip-10-0-1-23.ec2.internal"
+KUBELET: dict[str, Any] = {"username": f"system:node:{NODE}", "groups": ["system:nodes", "system:authenticated"]}
+STRANGER: dict[str, Any] = {"username": "mallory", "groups": ["system:authenticated"]}
+USERS = {
+    "the node's kubelet": KUBELET,
+    "a stranger": STRANGER,
+    "another node's kubelet": {"username": "system:node:ip-10-0-9-9.ec2.internal", "groups": ["system:nodes"]},
+    "the node's name without system:nodes": {"username": f"system:node:{NODE}", "groups": ["system:authenticated"]},
+    "no groups at all": {"username": f"system:node:{NODE}"},
+}
+
+
 def outcome(
     evaluate: Evaluate,
     conditions: list[dict[str, str]],
     old: Mapping[str, Any] | None,
     new: Mapping[str, Any] | None,
     operation: str = "UPDATE",
+    user: Mapping[str, Any] = KUBELET,
 ) -> Outcome:
     """kube-apiserver's matchConditions logic for one webhook."""
     request = {
         "operation": operation,
         "name": (new or old or {}).get("metadata", {}).get("name", ""),
         "resource": {"group": "storage.k8s.io", "version": "v1", "resource": "csinodes"},
-        "userInfo": {"username": "system:node:ip-10-0-1-23.ec2.internal", "groups": ["system:nodes"]},
+        "userInfo": dict(user),
     }
     activation = {"object": new, "oldObject": old, "request": request}
     results = [evaluate(c["expression"], activation) for c in conditions]
@@ -234,12 +247,14 @@ NEVER_REFUSED = [
                  _with(OLD, drivers=[EFS_ENTRY, driver(EBS, 39)],
                        annotations={**BASE_ANNOTATIONS, VERSIONS: '{"ebs.csi.aws.com":"v9.9.9"}'}),
                  id="a re-registration that forges driver versions (the guard puts them back)"),
-    pytest.param(
-        _with(OLD, annotations={**BASE_ANNOTATIONS, STATE: '{"v":1}'}),
-        _with(OLD, drivers=[driver(EBS, 20), EFS_ENTRY], annotations={**BASE_ANNOTATIONS, STATE: '{"v":2}'}),
-        id="a decrease with the state /mutate wrote (what /validate sees)",
-    ),
 ]
+
+STATE_WITH_A_DECREASE = (
+    _with(OLD, annotations={**BASE_ANNOTATIONS, STATE: '{"v":1}'}),
+    _with(OLD, drivers=[driver(EBS, 20), EFS_ENTRY], annotations={**BASE_ANNOTATIONS, STATE: '{"v":2}'}),
+)
+"""A decrease with another state: what /validate sees after /mutate wrote its state (the Ignore entry); to /mutate
+the node itself changed the state (the Fail entry: only the guard's own patch writes it)."""
 
 SKIPPED = [
     pytest.param(OLD, _with(OLD, labels={"team": "storage"}), id="a label-only change"),
@@ -268,17 +283,27 @@ def entries(request: pytest.FixtureRequest) -> dict[str, list[dict[str, str]]]:
     return MUTATING if request.param == "mutating" else VALIDATING
 
 
+def python_entry(entries: dict[str, list[dict[str, str]]], old: Mapping[str, Any] | None,
+                 new: Mapping[str, Any] | None, operation: str = "UPDATE",
+                 user: Mapping[str, Any] = KUBELET) -> str | None:
+    """:func:`registration.webhook_entry` for the configuration ``entries`` belongs to."""
+    return registration.webhook_entry(operation, old, new, username=user["username"],
+                                      groups=tuple(user.get("groups", ())), name=NODE,
+                                      mutating=entries is MUTATING)
+
+
 def route(
     evaluate: Evaluate,
     entries: dict[str, list[dict[str, str]]],
     old: Mapping[str, Any] | None,
     new: Mapping[str, Any] | None,
     operation: str = "UPDATE",
+    user: Mapping[str, Any] = KUBELET,
 ) -> str | None:
     """The failurePolicy of the one entry the apiserver calls (None: neither); fails on an error or two calls."""
     called = []
     for name, conditions in entries.items():
-        result = outcome(evaluate, conditions, old, new, operation)
+        result = outcome(evaluate, conditions, old, new, operation, user)
         assert result is not Outcome.ERROR, f"{name} errors"
         if result is Outcome.CALL:
             called.append(POLICIES[name])
@@ -286,10 +311,10 @@ def route(
     return called[0] if called else None
 
 
-def test_both_configurations_share_the_python_built_conditions() -> None:
-    for entries in (MUTATING, VALIDATING):
-        fail = [dict(c) for c in registration.MATCH_CONDITIONS]
-        ignore = [dict(c) for c in registration.NEVER_REFUSED_MATCH_CONDITIONS]
+def test_both_configurations_carry_the_python_built_conditions() -> None:
+    for entries, mutating in ((MUTATING, True), (VALIDATING, False)):
+        fail = [dict(c) for c in registration.match_conditions(mutating=mutating, never_refused=False)]
+        ignore = [dict(c) for c in registration.match_conditions(mutating=mutating, never_refused=True)]
         assert sorted(entries.values(), key=str) == sorted([fail, ignore], key=str)
         for name, conditions in entries.items():
             assert conditions == (fail if name in FAIL_ENTRIES else ignore)
@@ -300,7 +325,7 @@ def test_increases_and_trust_go_to_the_fail_entry(
     evaluate: Evaluate, entries: dict[str, list[dict[str, str]]], old: dict[str, Any], new: dict[str, Any]
 ) -> None:
     assert route(evaluate, entries, old, new) == "fail"
-    assert registration.webhook_entry("UPDATE", old, new) == "fail"
+    assert python_entry(entries, old, new) == "fail"
 
 
 @pytest.mark.parametrize(("old", "new"), NEVER_REFUSED)
@@ -308,7 +333,27 @@ def test_registrations_removals_and_decreases_go_to_the_ignore_entry(
     evaluate: Evaluate, entries: dict[str, list[dict[str, str]]], old: dict[str, Any], new: dict[str, Any]
 ) -> None:
     assert route(evaluate, entries, old, new) == "ignore"
-    assert registration.webhook_entry("UPDATE", old, new) == "ignore"
+    assert python_entry(entries, old, new) == "ignore"
+
+
+@pytest.mark.parametrize(("old", "new"), NEVER_REFUSED)
+@pytest.mark.parametrize("user", ["a stranger", "another node's kubelet", "the node's name without system:nodes"])
+def test_the_same_writes_by_anyone_but_the_nodes_kubelet_go_to_the_fail_entry(
+    evaluate: Evaluate, entries: dict[str, list[dict[str, str]]], old: dict[str, Any], new: dict[str, Any],
+    user: str,
+) -> None:
+    assert route(evaluate, entries, old, new, user=USERS[user]) == "fail"
+    assert python_entry(entries, old, new, user=USERS[user]) == "fail"
+
+
+def test_a_state_change_goes_to_the_fail_entry_of_the_mutating_configuration(evaluate: Evaluate) -> None:
+    old, new = STATE_WITH_A_DECREASE
+    assert route(evaluate, MUTATING, old, new) == "fail"
+    assert route(evaluate, VALIDATING, old, new) == "ignore"
+    assert python_entry(MUTATING, old, new) == "fail"
+    assert python_entry(VALIDATING, old, new) == "ignore"
+    stripped = _with(OLD, drivers=[EFS_ENTRY], annotations=BASE_ANNOTATIONS)
+    assert route(evaluate, MUTATING, old, stripped) == "fail"  # a removal that deletes the state (attack 7)
 
 
 @pytest.mark.parametrize(("old", "new"), SKIPPED)
@@ -316,7 +361,7 @@ def test_the_guard_is_not_called(
     evaluate: Evaluate, entries: dict[str, list[dict[str, str]]], old: dict[str, Any], new: dict[str, Any]
 ) -> None:
     assert route(evaluate, entries, old, new) is None
-    assert registration.webhook_entry("UPDATE", old, new) is None
+    assert python_entry(entries, old, new) is None
 
 
 @pytest.mark.parametrize(
@@ -331,6 +376,9 @@ def test_create_goes_to_the_ignore_entry_although_old_object_is_null(
     evaluate: Evaluate, entries: dict[str, list[dict[str, str]]], new: dict[str, Any]
 ) -> None:
     assert route(evaluate, entries, None, new, "CREATE") == "ignore"
+    assert route(evaluate, entries, None, new, "CREATE", STRANGER) == "fail"
+    assert python_entry(entries, None, new, "CREATE") == "ignore"
+    assert python_entry(entries, None, new, "CREATE", STRANGER) == "fail"
 
 
 def test_delete_is_skipped_even_if_the_rules_were_widened(
@@ -362,14 +410,14 @@ _csinodes = st.builds(csinode, _drivers, _annotations)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(old=_csinodes, new=_csinodes)
+@given(old=_csinodes, new=_csinodes, user=st.sampled_from(sorted(USERS)))
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_the_conditions_match_the_python_reading_never_error_and_never_overlap(
-    engine: str, old: dict[str, Any], new: dict[str, Any]
+    engine: str, old: dict[str, Any], new: dict[str, Any], user: str
 ) -> None:
-    expected = registration.webhook_entry("UPDATE", old, new)
     for entries in (MUTATING, VALIDATING):
-        assert route(ENGINES[engine], entries, old, new) == expected
+        expected = python_entry(entries, old, new, user=USERS[user])
+        assert route(ENGINES[engine], entries, old, new, user=USERS[user]) == expected
 
 
 def test_an_erroring_condition_would_be_noticed() -> None:

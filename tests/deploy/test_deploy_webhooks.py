@@ -72,20 +72,23 @@ def test_create_and_update_of_csinodes_reach_two_entries_with_complementary_fail
         assert webhook["admissionReviewVersions"] == ["v1"]
         assert 1 <= webhook["timeoutSeconds"] <= 5
     fail, ignore = webhooks
-    assert [c["name"] for c in fail["matchConditions"]] == ["update-only", "raises-a-count-or-trust"]
+    assert [c["name"] for c in fail["matchConditions"]] == [
+        "create-or-update-only",
+        "raises-a-count-or-trust-or-not-the-nodes-kubelet",
+    ]
     assert [c["name"] for c in ignore["matchConditions"]] == [
         "create-or-update-only",
-        "registration-removal-create-or-decrease",
+        "the-nodes-own-registration-removal-create-or-decrease",
     ]
 
 
 def test_the_endpoints_and_reinvocation() -> None:
     mutating, validating = registration.build_webhook_configurations()
     assert [w["name"] for w in mutating["webhooks"]] == [
-        "mutate.csinode-guard.io", "mutate-never-refused.csinode-guard.io",
+        "increases-and-other-writers.mutate.csinode-guard.io", "node-registrations.mutate.csinode-guard.io",
     ]
     assert [w["name"] for w in validating["webhooks"]] == [
-        "validate.csinode-guard.io", "validate-never-refused.csinode-guard.io",
+        "increases-and-other-writers.validate.csinode-guard.io", "node-registrations.validate.csinode-guard.io",
     ]
     for mutate in mutating["webhooks"]:
         assert mutate["clientConfig"]["service"] == {

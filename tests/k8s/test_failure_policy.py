@@ -46,8 +46,8 @@ def webhook_calls(event: dict[str, Any]) -> list[tuple[str, str]]:
     return sorted(out)
 
 
-MUTATE_IGNORE = "mutate-never-refused.csinode-guard.io"
-VALIDATE_IGNORE = "validate-never-refused.csinode-guard.io"
+MUTATE_IGNORE = "node-registrations.mutate.csinode-guard.io"
+VALIDATE_IGNORE = "node-registrations.validate.csinode-guard.io"
 
 
 @pytest.mark.parametrize("state", ["up", "stopped", "hanging"])
@@ -107,7 +107,7 @@ def test_a_count_change_with_the_guard_stopped_is_refused_at_once_until_unregist
     elapsed = time.monotonic() - started
     print(f"guard stopped: kubelet's update refused after {elapsed:.2f}s")
     assert refused.returncode == 1
-    assert 'failed calling webhook "mutate.csinode-guard.io"' in refused.stderr
+    assert 'failed calling webhook "increases-and-other-writers.mutate.csinode-guard.io"' in refused.stderr
     assert "connection refused" in refused.stderr
     assert counts(cp.get_csinode(node)) == {EBS: 25}
 
@@ -148,7 +148,7 @@ def test_a_count_change_with_the_guard_hanging_waits_timeout_seconds_then_is_ref
     one_put = time.monotonic() - started
     print(f"guard hanging: one PUT refused after {one_put:.2f}s")
     assert put.returncode != 0
-    assert 'failed calling webhook "mutate.csinode-guard.io"' in put.stderr
+    assert 'failed calling webhook "increases-and-other-writers.mutate.csinode-guard.io"' in put.stderr
     assert "context deadline exceeded" in put.stderr or "timeout" in put.stderr.lower()
     assert one_put >= TIMEOUT_SECONDS - 0.2
 
@@ -158,7 +158,7 @@ def test_a_count_change_with_the_guard_hanging_waits_timeout_seconds_then_is_ref
     refused = cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "27", check=False)
     kubelet_elapsed = time.monotonic() - started
     assert refused.returncode == 1
-    assert 'failed calling webhook "mutate.csinode-guard.io"' in refused.stderr
+    assert 'failed calling webhook "increases-and-other-writers.mutate.csinode-guard.io"' in refused.stderr
     tries = wait_until(lambda: [e for e in cp.audit_events(csinode_writes(node))[before:] if e["verb"] == "update"],
                        what="kubelet's tries audited")
     print(f"guard hanging: kubelet gave up after {kubelet_elapsed:.2f}s and {len(tries)} tries")

@@ -68,10 +68,10 @@ def test_preflight_passes_the_matrix_and_checks_the_registered_guard(
         unset = find(checks, f"CSIDriver {without_period}", "unset")
         assert unset["status"] == "WARN" and "nodeAllocatableUpdatePeriodSeconds" in unset["action"]
         # Two entries per configuration: failurePolicy Fail for increases, Ignore for what is never refused.
-        for webhook, failure_policy in (("mutate.csinode-guard.io", "Fail"),
-                                        ("mutate-never-refused.csinode-guard.io", "Ignore"),
-                                        ("validate.csinode-guard.io", "Fail"),
-                                        ("validate-never-refused.csinode-guard.io", "Ignore")):
+        for webhook, failure_policy in (("increases-and-other-writers.mutate.csinode-guard.io", "Fail"),
+                                        ("node-registrations.mutate.csinode-guard.io", "Ignore"),
+                                        ("increases-and-other-writers.validate.csinode-guard.io", "Fail"),
+                                        ("node-registrations.validate.csinode-guard.io", "Ignore")):
             for text in ("matchConditions as registered", f"failurePolicy {failure_policy} as documented",
                          "caBundle verifies"):
                 row = [c for c in checks if c["checked"].startswith(f"{webhook}: {text}")]

@@ -133,7 +133,7 @@ def test_with_the_guard_stopped_registrations_and_decreases_pass_increases_fail_
     report("guard stopped, plugin restart reporting 39", install(control_plane, node, 39))
     assert stored_count(control_plane, node) == 39, "went through unjudged"
     metrics = control_plane.kubectl("get", "--raw", "/metrics").stdout
-    assert 'apiserver_admission_webhook_fail_open_count{name="mutate-never-refused.csinode-guard.io"' in metrics, (
+    assert 'apiserver_admission_webhook_fail_open_count{name="node-registrations.mutate.csinode-guard.io"' in metrics, (
         "the CSINodeGuardFailOpen alert's series"
     )
 
@@ -243,7 +243,7 @@ def test_an_install_over_a_registered_entry_with_a_higher_count_fails_while_the_
         refused = control_plane.kubelet(node, "install", "--driver", EBS, "--node-id", "i-1", "--max-volumes", "24",
                                         check=False)
         assert refused.returncode != 0, "an increase while the guard is down fails closed"
-        assert "mutate.csinode-guard.io" in refused.stderr, refused.stderr
+        assert "increases-and-other-writers.mutate.csinode-guard.io" in refused.stderr, refused.stderr
         assert stored_count(control_plane, node) == 20
     finally:
         guard.start()

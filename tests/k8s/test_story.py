@@ -30,7 +30,7 @@ EBS = "ebs.csi.aws.com"
 STATE = "csinode-guard.io/state"
 JUSTIFICATION = "csinode-guard.io/justification"
 VERSIONS = "csinode-guard.io/driver-versions"
-MUTATE = "mutate.csinode-guard.io"
+MUTATE = "increases-and-other-writers.mutate.csinode-guard.io"
 
 
 def state_of(csinode: dict[str, Any]) -> dict[str, Any]:

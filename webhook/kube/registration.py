@@ -11,16 +11,21 @@ What reaches the guard, and why (Kubernetes facts this module relies on):
   appears, or an entry is rewritten when its ``nodeID`` or ``topologyKeys`` changed), removes a driver whose
   node plugin goes away, and updates counts (KEP-4876). If it cannot create its CSINode or register a driver it
   marks the node NotReady and finally exits (~140 s of failed registration), so those writes must never fail.
-- Two entries per configuration carry DESIGN.md's asymmetry, split by complementary ``matchConditions``:
+- Two entries per configuration carry DESIGN.md's asymmetry, split by complementary ``matchConditions`` on the
+  write and on ``request.userInfo``:
 
-  * ``mutate.csinode-guard.io`` / ``validate.csinode-guard.io``, ``failurePolicy: Fail``: an UPDATE that raises
-    the count of an entry that stays (same name, ``nodeID`` and ``topologyKeys``; bounded -> unbounded
-    included), or that changes a trust-raising annotation (justification, driver versions) or the guard's
-    state alone, without any registration or removal. A guard that is down admits none of these.
-  * ``mutate-never-refused.csinode-guard.io`` / ``validate-never-refused.csinode-guard.io``,
-    ``failurePolicy: Ignore``: every other write that matters: a CREATE, a registration, a removal, a count
-    decrease (and any guard annotation change riding on those). The guard judges them when it can (clamps a
-    registration's count, never refuses it); a guard that is down, hanging or misconfigured blocks none.
+  * ``increases-and-other-writers.mutate.csinode-guard.io`` / ``increases-and-other-writers.validate.csinode-guard.io``,
+    ``failurePolicy: Fail``: an UPDATE that raises the count of an entry that stays (same name, ``nodeID`` and
+    ``topologyKeys``; bounded -> unbounded included), or that changes a trust-raising annotation (justification,
+    driver versions) without any registration or removal, or -- in the mutating configuration -- that changes or
+    removes the guard's state (in the validating one: the state alone, as /validate sees the state /mutate wrote);
+    and every write that matters by anyone but the node's own kubelet (``system:node:<name>`` in ``system:nodes``):
+    its CREATE, registration, removal or decrease. A guard that is down admits none of these.
+  * ``node-registrations.mutate.csinode-guard.io`` / ``node-registrations.validate.csinode-guard.io``,
+    ``failurePolicy: Ignore``: the node's own kubelet's other writes that matter: its CREATE, a registration, a
+    removal, a count decrease (and any guard annotation change riding on those, the state excepted). The guard
+    judges them when it can (clamps a registration's count, never refuses it); a guard that is down, hanging or
+    misconfigured blocks none.
 
   Exactly one entry of a configuration matches a write, or none (label edits, kubelet's
   ``storage.alpha.kubernetes.io/migrated-plugins`` annotation, a PUT that changes nothing the guard reads).
@@ -59,12 +64,13 @@ from webhook.admission.state import STATE_ANNOTATION
 CONFIGURATION_NAME: Final = "csinode-guard"
 """``metadata.name`` of both the MutatingWebhookConfiguration and the ValidatingWebhookConfiguration."""
 
-MUTATING_WEBHOOK_NAME: Final = "mutate.csinode-guard.io"
-VALIDATING_WEBHOOK_NAME: Final = "validate.csinode-guard.io"
-"""The entries with ``failurePolicy: Fail``: writes that raise a count or trust."""
-MUTATING_NEVER_REFUSED_NAME: Final = "mutate-never-refused.csinode-guard.io"
-VALIDATING_NEVER_REFUSED_NAME: Final = "validate-never-refused.csinode-guard.io"
-"""The entries with ``failurePolicy: Ignore``: CREATE, registrations, removals, decreases."""
+MUTATING_WEBHOOK_NAME: Final = "increases-and-other-writers.mutate.csinode-guard.io"
+VALIDATING_WEBHOOK_NAME: Final = "increases-and-other-writers.validate.csinode-guard.io"
+"""The entries with ``failurePolicy: Fail``: writes that raise a count or trust, change the guard's state, or come
+from anyone but the node's own kubelet."""
+MUTATING_NEVER_REFUSED_NAME: Final = "node-registrations.mutate.csinode-guard.io"
+VALIDATING_NEVER_REFUSED_NAME: Final = "node-registrations.validate.csinode-guard.io"
+"""The entries with ``failurePolicy: Ignore``: the node's own kubelet's CREATE, registrations, removals, decreases."""
 MUTATE_PATH: Final = "/mutate"
 VALIDATE_PATH: Final = "/validate"
 
@@ -110,7 +116,8 @@ The emergency switch is ``csinode-guard unregister`` (see docs/operations.md).
 """
 
 NEVER_REFUSED_FAILURE_POLICY: Final = "Ignore"
-"""``failurePolicy`` of the entries for writes that must never fail: CREATE, registration, removal, decrease.
+"""``failurePolicy`` of the entries for the node's own writes that must never fail: CREATE, registration,
+removal, decrease.
 
 A kubelet that cannot register a driver exits; a decrease is the safe direction. The guard clamps what these
 carry when it answers, and a write that went through without it is reconciled at the object's next judged write
@@ -196,30 +203,72 @@ are matched by name, never by index (kubelet re-appends the driver it updates). 
 only without a count change, because /validate sees the state /mutate just wrote on every admitted change.
 """
 
-RAISES_CONDITION_NAME: Final = "raises-a-count-or-trust"
-RAISES_EXPRESSION: Final = f"request.operation == 'UPDATE' && ({RAISES})"
+NODE_KUBELET: Final = """request.userInfo.username == 'system:node:' + request.name
+  && has(request.userInfo.groups) && 'system:nodes' in request.userInfo.groups"""
+"""The writer is the node's own kubelet: ``system:node:<node>`` in group ``system:nodes`` (a CSINode is named
+after its Node; NodeRestriction lets a kubelet write only its own). Anyone else's write that matters -- a
+stranger's removal, CREATE or decrease, another node's -- goes to the ``Fail`` entry."""
 
-NEVER_REFUSED_CONDITION_NAME: Final = "registration-removal-create-or-decrease"
-NEVER_REFUSED_EXPRESSION: Final = f"""request.operation == 'CREATE'
-|| request.operation == 'UPDATE' && !({RAISES})
-  && ({STRUCTURAL}
+STATE_CHANGED: Final = _annotations_changed((STATE_ANNOTATION,))
+"""The guard's state annotation changes or disappears in the object (mutating: before the guard's own patch)."""
+
+MATTERS: Final = f"""({STRUCTURAL}
     || {COUNT_CHANGED}
     || {_annotations_changed(GUARD_ANNOTATIONS)})"""
-"""The complement of :data:`RAISES_EXPRESSION` among the writes that matter: a CREATE, or an UPDATE with a
-registration, a removal, a count decrease or a guard annotation change that does not raise anything."""
+"""A registration, a removal, a count change or a guard annotation change: a write the guard reads."""
 
-MATCH_CONDITIONS: Final[tuple[Mapping[str, str], ...]] = (
-    {"name": UPDATE_ONLY_CONDITION_NAME, "expression": UPDATE_ONLY_EXPRESSION},
-    {"name": RAISES_CONDITION_NAME, "expression": RAISES_EXPRESSION},
-)
-"""The ``Fail`` entries' conditions. ``update-only`` keeps every other operation out even if someone widens
-``rules``: a ``false`` condition skips the webhook whatever the others evaluate to."""
 
-NEVER_REFUSED_MATCH_CONDITIONS: Final[tuple[Mapping[str, str], ...]] = (
-    {"name": CREATE_OR_UPDATE_CONDITION_NAME, "expression": CREATE_OR_UPDATE_EXPRESSION},
-    {"name": NEVER_REFUSED_CONDITION_NAME, "expression": NEVER_REFUSED_EXPRESSION},
+def _judged(mutating: bool) -> str:
+    raises = f"{RAISES}\n|| {STATE_CHANGED}" if mutating else RAISES
+    return f"""request.operation == 'CREATE' && !({NODE_KUBELET})
+|| request.operation == 'UPDATE' && ({raises}
+  || !({NODE_KUBELET}) && {MATTERS})"""
+
+
+def _node_own(mutating: bool) -> str:
+    raises = f"{RAISES}\n|| {STATE_CHANGED}" if mutating else RAISES
+    return f"""({NODE_KUBELET})
+&& (request.operation == 'CREATE'
+  || request.operation == 'UPDATE' && !({raises})
+    && {MATTERS})"""
+
+
+RAISES_CONDITION_NAME: Final = "raises-a-count-or-trust-or-not-the-nodes-kubelet"
+RAISES_EXPRESSION: Final = _judged(mutating=True)
+"""Mutating ``Fail`` entry: a count or trust raised, the state changed, or anyone but the node's kubelet."""
+VALIDATING_RAISES_EXPRESSION: Final = _judged(mutating=False)
+"""Validating ``Fail`` entry: as :data:`RAISES_EXPRESSION`, but the state only alone (/validate sees the state
+/mutate just wrote on every admitted change)."""
+
+NEVER_REFUSED_CONDITION_NAME: Final = "the-nodes-own-registration-removal-create-or-decrease"
+NEVER_REFUSED_EXPRESSION: Final = _node_own(mutating=True)
+VALIDATING_NEVER_REFUSED_EXPRESSION: Final = _node_own(mutating=False)
+"""The complement of the ``Fail`` condition among the writes that matter: the node's own kubelet's CREATE, or an
+UPDATE of it with a registration, a removal, a count decrease or a guard annotation change that raises nothing."""
+
+
+def match_conditions(*, mutating: bool, never_refused: bool) -> tuple[Mapping[str, str], ...]:
+    """The ``matchConditions`` of one entry. The first (``create-or-update-only``) keeps every other operation
+    out even if someone widens ``rules``: a ``false`` condition skips the webhook whatever the others evaluate to."""
+    if never_refused:
+        expression = NEVER_REFUSED_EXPRESSION if mutating else VALIDATING_NEVER_REFUSED_EXPRESSION
+        name = NEVER_REFUSED_CONDITION_NAME
+    else:
+        expression = RAISES_EXPRESSION if mutating else VALIDATING_RAISES_EXPRESSION
+        name = RAISES_CONDITION_NAME
+    return (
+        {"name": CREATE_OR_UPDATE_CONDITION_NAME, "expression": CREATE_OR_UPDATE_EXPRESSION},
+        {"name": name, "expression": expression},
+    )
+
+
+MATCH_CONDITIONS: Final[tuple[Mapping[str, str], ...]] = match_conditions(mutating=True, never_refused=False)
+"""The mutating ``Fail`` entry's conditions."""
+
+NEVER_REFUSED_MATCH_CONDITIONS: Final[tuple[Mapping[str, str], ...]] = match_conditions(
+    mutating=True, never_refused=True
 )
-"""The ``Ignore`` entries' conditions (``create-or-update-only`` keeps DELETE out even with widened rules)."""
+"""The mutating ``Ignore`` entry's conditions."""
 
 RULES: Final[tuple[Mapping[str, Any], ...]] = (
     {
@@ -260,15 +309,25 @@ def _py_annotation(obj: Mapping[str, Any] | None, key: str) -> list[str]:
     return []
 
 
-def webhook_entry(operation: str, old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> str | None:
-    """Which entry of a configuration the apiserver calls for a write: ``"fail"`` (the increases entry,
-    ``failurePolicy: Fail``), ``"ignore"`` (the never-refused entry) or None (neither).
+def webhook_entry(
+    operation: str,
+    old: Mapping[str, Any] | None,
+    new: Mapping[str, Any] | None,
+    *,
+    username: str = "",
+    groups: Sequence[str] = (),
+    name: str = "",
+    mutating: bool = True,
+) -> str | None:
+    """Which entry of a configuration the apiserver calls for a write by ``username``/``groups`` on the CSINode
+    ``name``: ``"fail"`` (``failurePolicy: Fail``), ``"ignore"`` (the node's own never-refused writes) or None.
 
-    The Python reading of :data:`MATCH_CONDITIONS` and :data:`NEVER_REFUSED_MATCH_CONDITIONS`, for the offline
-    admission chain (``policy test``, ``replay``); tests/deploy checks both agree on many objects.
+    The Python reading of :func:`match_conditions` (``mutating``: which configuration), for the offline admission
+    chain (``policy test``, ``replay``); tests/deploy checks both agree on many objects.
     """
+    own = username == f"system:node:{name}" and "system:nodes" in groups
     if operation == "CREATE":
-        return "ignore"
+        return "ignore" if own else "fail"
     if operation != "UPDATE":
         return None
     new_drivers, old_drivers = _py_drivers(new), _py_drivers(old)
@@ -290,11 +349,12 @@ def webhook_entry(operation: str, old: Mapping[str, Any] | None, new: Mapping[st
     raises = increase or (
         not structural and (changed(TRUST_ANNOTATIONS) or (changed((STATE_ANNOTATION,)) and not count_changed))
     )
-    if raises:
+    if mutating and changed((STATE_ANNOTATION,)):
+        raises = True
+    matters = structural or count_changed or changed(GUARD_ANNOTATIONS)
+    if raises or (matters and not own):
         return "fail"
-    if structural or count_changed or changed(GUARD_ANNOTATIONS):
-        return "ignore"
-    return None
+    return "ignore" if matters else None
 
 
 @dataclass(frozen=True)
@@ -339,7 +399,7 @@ def build_client_config(target: WebhookTarget, path: str) -> dict[str, Any]:
 
 
 def _webhook(name: str, target: WebhookTarget, path: str, *, never_refused: bool = False) -> dict[str, Any]:
-    conditions = NEVER_REFUSED_MATCH_CONDITIONS if never_refused else MATCH_CONDITIONS
+    conditions = match_conditions(mutating=path == MUTATE_PATH, never_refused=never_refused)
     return {
         "name": name,
         "clientConfig": build_client_config(target, path),
