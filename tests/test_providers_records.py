@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -100,16 +101,34 @@ def test_parse_volume_attachment_without_error_time_or_code() -> None:
     assert attached.attached and attached.error is None
 
 
-def test_parse_pod_keeps_running_pods_only() -> None:
+def test_parse_pod_keeps_daemonset_pods_in_any_phase() -> None:
     pod = cluster_object("pod-ebs-csi-node.json")
     record = parse_pod(pod)
     assert record is not None and record.node == "ip-10-0-1-23.ec2.internal"
     assert [name for name, _ in record.images] == ["ebs-plugin", "node-driver-registrar", "liveness-probe"]
-    for phase in ("Pending", "Succeeded", "Failed", "Unknown"):
+    for phase in ("Pending", "Succeeded", "Failed", "Unknown"):  # status is the node's to write: ignored
         pod["status"]["phase"] = phase
-        assert parse_pod(pod) is None
-    pod["status"]["phase"] = "Running"
+        assert parse_pod(pod) == record
+    pod["status"]["containerStatuses"] = [{"name": "ebs-plugin", "image": "x/aws-ebs-csi-driver:v9.9.9"}]
+    assert parse_pod(pod) == record
     del pod["spec"]["nodeName"]
+    assert parse_pod(pod) is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda m: m.update(annotations={"kubernetes.io/config.mirror": "abc"}), id="a mirror pod"),
+        pytest.param(lambda m: m.pop("ownerReferences"), id="no owner"),
+        pytest.param(lambda m: m["ownerReferences"][0].update(kind="Node", apiVersion="v1"), id="owned by its Node"),
+        pytest.param(lambda m: m["ownerReferences"][0].update(controller=False), id="not controller"),
+        pytest.param(lambda m: m["ownerReferences"][0].update(kind="ReplicaSet"), id="controlled by a ReplicaSet"),
+        pytest.param(lambda m: m["ownerReferences"][0].update(apiVersion="extensions/v1beta1"), id="another group"),
+    ],
+)
+def test_parse_pod_refuses_pods_no_daemonset_controls(change: Any) -> None:
+    pod = cluster_object("pod-ebs-csi-node.json")
+    change(pod["metadata"])
     assert parse_pod(pod) is None
 
 

@@ -8,7 +8,7 @@ kind                collection                                     kept per obje
 nodes               ``/api/v1/nodes``                              labels, ``status.nodeInfo.kubeletVersion``
 csidrivers          ``/apis/storage.k8s.io/v1/csidrivers``         ``spec.nodeAllocatableUpdatePeriodSeconds``
 volumeattachments   ``/apis/storage.k8s.io/v1/volumeattachments``  attacher, nodeName, attached, attachError
-pods                ``/api/v1/namespaces/<ns>/pods?labelSelector``  Running pods only: node, labels, images
+pods                ``/api/v1/namespaces/<ns>/pods?labelSelector``  DaemonSet pods only: node, labels, images
 ==================  =============================================  ===========================================
 
 There is one pod watch per distinct (namespace, label selector) of the policy's ``pod`` version sources.
@@ -295,9 +295,10 @@ class KubernetesClusterView:
         return None if record is None else record.update_period
 
     def driver_version(self, node: str, driver: str) -> str | None:
-        """Version of ``driver`` on ``node`` from its ``pod`` version source: the lowest SemVer among the Running
-        pods of the source on that node (image tag of the named container, or the named label); None when no
-        source is configured for the driver, no Running pod reports a parsable version, or the cache is unknown."""
+        """Version of ``driver`` on ``node`` from its ``pod`` version source: the lowest SemVer among the source's
+        DaemonSet-controlled pods bound to that node, in any phase (image tag of the named container in the pod
+        spec, or the named label; never a mirror pod, never status); None when no source is configured for the
+        driver, no such pod reports a parsable version, or the cache is unknown."""
         entry = self._pod_sources.get(driver)
         if entry is None:
             return None
