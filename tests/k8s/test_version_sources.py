@@ -123,3 +123,22 @@ def test_a_node_cannot_forge_its_driver_version_with_pod_status_or_a_mirror_pod(
     assert (held["decision"], held["final"], held["writerVersion"]) == ("clamp", 20, "v1.30.0"), held
     assert any(o["rule"] == "writer-version" and o["result"] == "violation" and "below minVersion" in o["message"]
                for o in held["rules"]), held
+
+
+def test_the_kubelet_source_is_the_nodes_own_report(control_plane: ControlPlane) -> None:
+    """What threat-model.md says of ``versionSource: kubelet``: the node writes its own Node status, so it can
+    report any kubeletVersion (NodeRestriction does not look at ``status.nodeInfo``), while a label under
+    node-restriction.kubernetes.io/ stays out of its reach."""
+    from kubernetes import client, config  # noqa: PLC0415
+
+    cp = control_plane
+    node = unique("kubeletver")
+    cp.create_node(node)
+    with config.new_client_from_config(config_file=str(cp.node_kubeconfig(node))) as api:
+        client.CoreV1Api(api).patch_node_status(node, {"status": {"nodeInfo": {"kubeletVersion": "v9.9.9"}}})
+    assert cp.kubectl_json("get", "node", node)["status"]["nodeInfo"]["kubeletVersion"] == "v9.9.9"
+    safe = cp.kubectl("label", "node", node, "node-restriction.kubernetes.io/instance-type=c7i.48xlarge",
+                      kubeconfig=cp.node_kubeconfig(node), check=False)
+    assert safe.returncode != 0 and "is not allowed to modify labels" in safe.stderr, safe.stderr
+    assert cp.kubectl("label", "node", node, "node.kubernetes.io/instance-type=c7i.48xlarge",
+                      kubeconfig=cp.node_kubeconfig(node), check=False).returncode == 0
