@@ -429,6 +429,13 @@ def test_driver_version_counts_daemonset_pods_on_the_node_whatever_their_status(
     apiserver.delete("pods", "ebs-csi-node-pending", namespace="kube-system")
     wait_until(lambda: view.driver_version(NODE, EBS) == "v1.37.0", what="the deleted pod leaving the cache")
 
+    # The node deletes its pods (NodeRestriction lets it): the last one's version stays until a replacement.
+    apiserver.delete("pods", failed["metadata"]["name"], namespace="kube-system")
+    wait_until(lambda: len(view._pod_watches[("kube-system", "app=ebs-csi-node")].store) == 1, what="deleted")
+    assert view.driver_version(NODE, EBS) == "v1.37.0"
+    apiserver.create("pods", driver_pod("ebs-csi-node-replacement", "v1.38.0"))
+    wait_until(lambda: view.driver_version(NODE, EBS) == "v1.38.0", what="the replacement counting")
+
 
 def test_driver_version_from_a_pod_label_and_hot_reloaded_sources(
     view: KubernetesClusterView, apiserver: FakeApiServer

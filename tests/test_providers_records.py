@@ -238,3 +238,29 @@ def test_store_read_gives_up_within_its_budget() -> None:
         release.set()
         thread.join()
     assert store.get("a", 0.002) == (True, 1)
+
+
+def test_pod_store_keeps_a_nodes_last_pod_as_departed_until_another_appears() -> None:
+    from webhook.kube.watch.pod_store import PodStore  # noqa: PLC0415
+
+    store = PodStore()
+    pod = parse_pod(cluster_object("pod-ebs-csi-node.json"))
+    assert pod is not None
+    node = pod.node
+    other = PodRecord(node=node, labels={}, images=(("ebs-plugin", "x:v1.40.0"),))
+    store.upsert("kube-system/a", pod)
+    store.upsert("kube-system/b", other)
+    assert store.departed(node, 1.0) == (True, None)
+    store.delete("kube-system/b")  # another pod of the node is still there: nothing departed
+    assert store.departed(node, 1.0) == (True, None)
+    store.delete("kube-system/a")  # the node's last pod (e.g. the node deleted it)
+    assert store.bucket("node", node, 1.0) == {}
+    assert store.departed(node, 1.0) == (True, pod)
+    store.upsert("kube-system/c", other)  # the DaemonSet's replacement
+    assert store.departed(node, 1.0) == (True, None)
+    store.replace({"kube-system/d": PodRecord(node="elsewhere", labels={}, images=())})  # a re-list without it
+    assert store.departed(node, 1.0) == (True, other)
+    store.replace({"kube-system/e": other})
+    assert store.departed(node, 1.0) == (True, None)
+    with store.lock:
+        assert store.departed(node, 0.01) == (False, None)

@@ -3,8 +3,9 @@
 Under NodeRestriction a node may update the status of the pods bound to it, delete them, and create mirror pods
 bound to itself whose only owner is its Node; it may not change a pod's spec or labels. The guard reads the
 version from the spec of pods a DaemonSet controls (the image the DaemonSet controller set), in any phase, and
-never from a mirror pod. No kube-controller-manager runs here, so the DaemonSet's pod is created as admin with
-the controller reference the DaemonSet controller would set.
+never from a mirror pod; a pod the node deletes keeps counting for that node until a replacement appears. No
+kube-controller-manager runs here, so the DaemonSet's pod is created as admin with the controller reference the
+DaemonSet controller would set.
 """
 
 from __future__ import annotations
@@ -123,6 +124,17 @@ def test_a_node_cannot_forge_its_driver_version_with_pod_status_or_a_mirror_pod(
     assert (held["decision"], held["final"], held["writerVersion"]) == ("clamp", 20, "v1.30.0"), held
     assert any(o["rule"] == "writer-version" and o["result"] == "violation" and "below minVersion" in o["message"]
                for o in held["rules"]), held
+
+    # The node deletes its driver pod (NodeRestriction lets it delete pods bound to it; no DaemonSet controller
+    # runs here to re-create it): the guard keeps the last pod's version for the node, so the increase is held.
+    cp.kubectl("delete", "pod", "-n", NAMESPACE, pod_name, "--grace-period=0", "--force", "--wait=false",
+               kubeconfig=as_node)
+    assert cp.kubectl("get", "pod", "-n", NAMESPACE, pod_name, check=False).returncode != 0
+    cp.kubelet(node_name, "update", "--driver", EBS, "--max-volumes", "23")
+    assert counts(cp.get_csinode(node_name)) == {EBS: 20}
+    [after] = [r for r in guard.decisions()
+               if r.get("node") == node_name and r.get("endpoint") == "mutate" and r.get("new") == 23]
+    assert (after["decision"], after["final"], after["writerVersion"]) == ("clamp", 20, "v1.30.0"), after
 
 
 def test_the_kubelet_source_is_the_nodes_own_report(control_plane: ControlPlane) -> None:
