@@ -32,9 +32,10 @@ or without a count change) is refused unless a justifier the policy lists makes 
 The floor must never refuse what the guard admits (it runs after the guard's mutating webhook, on the clamped
 object). Hence: a decrease, and unbounded -> bounded, are never judged by the count checks (the guard softens
 them); the policy's ``exemptions`` skip the floor; a policy with ``enforcementScope`` (a canary on Node labels,
-which CEL cannot read) gets a binding that only warns and audits. The one place it is stricter: a justification
+which CEL cannot read) gets a binding that only warns and audits. The cases where it is stricter: a justification
 entry it cannot read (a key given twice, a time outside the RFC 3339 forms of :data:`RFC3339_RE`, 29 February)
-lifts nothing. Drivers are matched by name, never by index (kubelet re-appends the driver it updates).
+or an annotation over :data:`MAX_JUSTIFICATION_BYTES` lifts nothing. Drivers are matched by name, never by index
+(kubelet re-appends the driver it updates).
 
 Every expression is written never to fail on an object the apiserver can produce: ``spec.drivers`` is ``null``
 on a CSINode without drivers, ``allocatable`` and ``allocatable.count`` are absent when unbounded, and
@@ -233,6 +234,10 @@ def _guarded(condition: str, check: str) -> str:
 # day of the month; 29 February is left out, so no leap-year check is needed) so that no expression can fail.
 
 BOUNDED_D: Final = "(has(d.allocatable) && has(d.allocatable.count))"
+MAX_JUSTIFICATION_BYTES: Final = 16384
+"""A longer justification annotation lifts nothing in the floor: reading it would exceed the apiserver's CEL cost
+limit per expression (measured on v1.36.2: about 15 KB and 100 entries pass, 45 KB exceed it), and an error would
+refuse the write anyway. ``size()`` counts code points; the limit is meant in bytes for ASCII JSON."""
 _WS: Final = r"[ \t\n\r]*"
 ENTRY_RE: Final = r'\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}'
 """One JSON object of the annotation's list (strings may hold braces and escaped quotes)."""
@@ -321,8 +326,8 @@ def _validations(floors: Sequence[DriverFloor], default: DriverFloor) -> list[di
     if any(f.max_step_up is not None for f in [*floors, default]):
         check = _int_check("max_step_up", default, "maxStepUp", "d.allocatable.count - o.allocatable.count <= LIMIT")
         validations.append({
-            "expression": f"variables.increases.all(d, {JUSTIFIED} || "
-            f"variables.oldDrivers.all(o, !({_SAME}) || {check}))",
+            "expression": "variables.increases.all(d, "
+            f"variables.oldDrivers.all(o, !({_SAME}) || {check}) || {JUSTIFIED})",
             "message": "csinode-guard floor [count-ceiling]: an increase larger than the driver's maxStepUp; let "
             "the count rise in smaller steps, or have an approver justify the jump",
             "reason": "Forbidden",
@@ -416,7 +421,8 @@ def build_validating_admission_policy(policy: Policy, *, name: str = VAP_NAME) -
                 {"name": "requestTimes", "expression": REQUEST_TIMES},
                 {
                     "name": "justifications",
-                    "expression": f"{justification} in variables.annotations ? "
+                    "expression": f"{justification} in variables.annotations && "
+                    f"variables.annotations[{justification}].size() <= {MAX_JUSTIFICATION_BYTES} ? "
                     f"variables.annotations[{justification}].findAll({cel_string(ENTRY_RE)}) : []",
                 },
                 {"name": "approvals", "expression": APPROVALS},
