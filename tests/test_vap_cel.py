@@ -513,6 +513,47 @@ def test_the_floor_never_refuses_what_the_guard_admits(
         stored = outcome.stored
 
 
+def _stamped(obj: dict[str, Any], when: datetime) -> dict[str, Any]:
+    """``obj`` with the managedFields time the apiserver gives the writer's entry before admission."""
+    stamped = copy.deepcopy(obj)
+    stamped["metadata"]["managedFields"] = [{"manager": "writer", "operation": "Update", "time":
+                                             when.strftime("%Y-%m-%dT%H:%M:%SZ"), "fieldsType": "FieldsV1",
+                                             "fieldsV1": {}}]
+    return stamped
+
+
+@pytest.mark.parametrize("writer", [pytest.param(APPROVER, id="the approver in one write (as restore does)"),
+                                    pytest.param(KUBELET, id="the node's kubelet after the approval")])
+def test_the_floor_lets_through_a_justified_jump_the_guard_admits(
+    engine: Evaluate, vap: dict[str, Any], writer: tuple[str, list[str]]
+) -> None:
+    policy = load_policy()
+    cluster = StaticClusterView(nodes={NODE: {"labels": {"node.kubernetes.io/instance-type": "m7i.48xlarge"},
+                                              "kubeletVersion": "v1.36.2"}})
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    kwargs: dict[str, Any] = {"policy": policy, "cluster": cluster, "keys": KEYS, "uid": csinode()["metadata"]["uid"]}
+    first = admit_write(csinode(), csinode(driver(EBS, 25)), now=now, username=KUBELET[0], groups=KUBELET[1],
+                        **kwargs)
+    assert first.stored is not None
+    stored = first.stored
+    value = justification({"expires": (now + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    if writer == KUBELET:  # the approver sets the justification first, with no count change
+        approved = copy.deepcopy(stored)
+        approved["metadata"].setdefault("annotations", {})[JUSTIFICATION] = value
+        outcome = admit_write(stored, approved, now=now, username=APPROVER[0], groups=APPROVER[1], **kwargs)
+        assert outcome.allowed and outcome.stored is not None
+        stored = outcome.stored
+    now += timedelta(minutes=5)
+    jump = copy.deepcopy(stored)
+    jump["spec"]["drivers"][0]["allocatable"]["count"] = 60  # 25 -> 60: above maxStepUp 16, justified
+    jump["metadata"].setdefault("annotations", {})[JUSTIFICATION] = value
+    outcome = admit_write(stored, jump, now=now, username=writer[0], groups=writer[1], **kwargs)
+    assert outcome.allowed and outcome.stored is not None
+    assert outcome.stored["spec"]["drivers"][0]["allocatable"]["count"] == 60
+    floor = floor_outcome(engine, vap, _stamped(stored, now), _stamped(outcome.stored, now), user=writer)
+    assert floor == "allow", floor
+
+
 def test_the_cli_prints_the_comment_and_both_objects(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "webhook", "policy", "export", "--format", "vap"],
                          capture_output=True, text=True, timeout=60, check=True).stdout
