@@ -406,25 +406,35 @@ def test_driver_version_from_image_tags(
     assert view.driver_version(NODE, EBS) == expected
 
 
-def test_driver_version_counts_only_running_pods_on_the_node(
+def test_driver_version_counts_daemonset_pods_on_the_node_whatever_their_status(
     view: KubernetesClusterView, apiserver: FakeApiServer
 ) -> None:
-    apiserver.create("pods", driver_pod("ebs-csi-node-pending", "v1.30.0", phase="Pending"))
     apiserver.create("pods", driver_pod("ebs-csi-node-other", "v1.29.0", node=OTHER_NODE))
-    apiserver.create("pods", driver_pod("ebs-csi-node-old", "v1.28.0", phase="Succeeded"))
     unlabelled = driver_pod("unrelated-pod", "v1.0.0")
     unlabelled["metadata"]["labels"] = {"app": "something-else"}
     apiserver.create("pods", unlabelled)
+    mirror = driver_pod("ebs-csi-node-mirror", "v9.9.9")  # what a node can create: a mirror pod owned by its Node
+    mirror["metadata"]["annotations"] = {"kubernetes.io/config.mirror": "0123"}
+    mirror["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "u",
+                                              "controller": True}]
+    apiserver.create("pods", mirror)
     wait_until(lambda: view.driver_version(OTHER_NODE, EBS) == "v1.29.0")
     assert view.driver_version(NODE, EBS) == "v1.37.0"
 
-    stopped = cluster_object("pod-ebs-csi-node.json")
-    stopped["status"]["phase"] = "Failed"
-    apiserver.apply("pods", stopped)  # Running -> Failed: no longer counts
-    wait_until(lambda: view.driver_version(NODE, EBS) is None, what="pod leaving Running")
-    pending = driver_pod("ebs-csi-node-pending", "v1.30.0")
-    apiserver.apply("pods", pending)  # Pending -> Running: counts now
-    wait_until(lambda: view.driver_version(NODE, EBS) == "v1.30.0", what="pod entering Running")
+    failed = cluster_object("pod-ebs-csi-node.json")
+    failed["status"]["phase"] = "Failed"  # the node can write its pods' status: the version stays
+    apiserver.apply("pods", failed)
+    apiserver.create("pods", driver_pod("ebs-csi-node-pending", "v1.30.0", phase="Pending"))
+    wait_until(lambda: view.driver_version(NODE, EBS) == "v1.30.0", what="a Pending DaemonSet pod counting")
+    apiserver.delete("pods", "ebs-csi-node-pending", namespace="kube-system")
+    wait_until(lambda: view.driver_version(NODE, EBS) == "v1.37.0", what="the deleted pod leaving the cache")
+
+    # The node deletes its pods (NodeRestriction lets it): the last one's version stays until a replacement.
+    apiserver.delete("pods", failed["metadata"]["name"], namespace="kube-system")
+    wait_until(lambda: len(view._pod_watches[("kube-system", "app=ebs-csi-node")].store) == 1, what="deleted")
+    assert view.driver_version(NODE, EBS) == "v1.37.0"
+    apiserver.create("pods", driver_pod("ebs-csi-node-replacement", "v1.38.0"))
+    wait_until(lambda: view.driver_version(NODE, EBS) == "v1.38.0", what="the replacement counting")
 
 
 def test_driver_version_from_a_pod_label_and_hot_reloaded_sources(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -100,16 +101,34 @@ def test_parse_volume_attachment_without_error_time_or_code() -> None:
     assert attached.attached and attached.error is None
 
 
-def test_parse_pod_keeps_running_pods_only() -> None:
+def test_parse_pod_keeps_daemonset_pods_in_any_phase() -> None:
     pod = cluster_object("pod-ebs-csi-node.json")
     record = parse_pod(pod)
     assert record is not None and record.node == "ip-10-0-1-23.ec2.internal"
     assert [name for name, _ in record.images] == ["ebs-plugin", "node-driver-registrar", "liveness-probe"]
-    for phase in ("Pending", "Succeeded", "Failed", "Unknown"):
+    for phase in ("Pending", "Succeeded", "Failed", "Unknown"):  # status is the node's to write: ignored
         pod["status"]["phase"] = phase
-        assert parse_pod(pod) is None
-    pod["status"]["phase"] = "Running"
+        assert parse_pod(pod) == record
+    pod["status"]["containerStatuses"] = [{"name": "ebs-plugin", "image": "x/aws-ebs-csi-driver:v9.9.9"}]
+    assert parse_pod(pod) == record
     del pod["spec"]["nodeName"]
+    assert parse_pod(pod) is None
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda m: m.update(annotations={"kubernetes.io/config.mirror": "abc"}), id="a mirror pod"),
+        pytest.param(lambda m: m.pop("ownerReferences"), id="no owner"),
+        pytest.param(lambda m: m["ownerReferences"][0].update(kind="Node", apiVersion="v1"), id="owned by its Node"),
+        pytest.param(lambda m: m["ownerReferences"][0].update(controller=False), id="not controller"),
+        pytest.param(lambda m: m["ownerReferences"][0].update(kind="ReplicaSet"), id="controlled by a ReplicaSet"),
+        pytest.param(lambda m: m["ownerReferences"][0].update(apiVersion="extensions/v1beta1"), id="another group"),
+    ],
+)
+def test_parse_pod_refuses_pods_no_daemonset_controls(change: Any) -> None:
+    pod = cluster_object("pod-ebs-csi-node.json")
+    change(pod["metadata"])
     assert parse_pod(pod) is None
 
 
@@ -219,3 +238,29 @@ def test_store_read_gives_up_within_its_budget() -> None:
         release.set()
         thread.join()
     assert store.get("a", 0.002) == (True, 1)
+
+
+def test_pod_store_keeps_a_nodes_last_pod_as_departed_until_another_appears() -> None:
+    from webhook.kube.watch.pod_store import PodStore  # noqa: PLC0415
+
+    store = PodStore()
+    pod = parse_pod(cluster_object("pod-ebs-csi-node.json"))
+    assert pod is not None
+    node = pod.node
+    other = PodRecord(node=node, labels={}, images=(("ebs-plugin", "x:v1.40.0"),))
+    store.upsert("kube-system/a", pod)
+    store.upsert("kube-system/b", other)
+    assert store.departed(node, 1.0) == (True, None)
+    store.delete("kube-system/b")  # another pod of the node is still there: nothing departed
+    assert store.departed(node, 1.0) == (True, None)
+    store.delete("kube-system/a")  # the node's last pod (e.g. the node deleted it)
+    assert store.bucket("node", node, 1.0) == {}
+    assert store.departed(node, 1.0) == (True, pod)
+    store.upsert("kube-system/c", other)  # the DaemonSet's replacement
+    assert store.departed(node, 1.0) == (True, None)
+    store.replace({"kube-system/d": PodRecord(node="elsewhere", labels={}, images=())})  # a re-list without it
+    assert store.departed(node, 1.0) == (True, other)
+    store.replace({"kube-system/e": other})
+    assert store.departed(node, 1.0) == (True, None)
+    with store.lock:
+        assert store.departed(node, 0.01) == (False, None)

@@ -1,17 +1,21 @@
 """``policy export --format vap``: the ValidatingAdmissionPolicy floor, evaluated by two CEL implementations.
 
 cel-python (``celpy``) and common-expression-language (``cel``, Rust) run the exported expressions with the
-apiserver's ValidatingAdmissionPolicy logic: a ``false`` match condition skips the policy, variables are
-evaluated in order, every validation must be ``true``; an error anywhere falls under ``failurePolicy: Fail``
-and refuses the write, so an error counts as a refusal here. The real apiserver runs the same objects in
-tests/k8s/test_vap.py. The floor must never refuse what the guard admits: a property test sends random kubelet
-writes through the guard's offline admission chain (/mutate, patch, /validate) and checks the floor on what
-the guard stored.
+apiserver's ValidatingAdmissionPolicy logic, with the three functions of the apiserver's CEL libraries that the
+floor uses to read a justification added as the apiserver defines them (Kubernetes' regex library
+``find``/``findAll``, cel-go's strings extension ``split``; RE2 and Python's ``re`` agree on the patterns used):
+a ``false`` match condition skips the policy, variables are evaluated in order, every validation must be
+``true``; an error anywhere falls under ``failurePolicy: Fail`` and refuses the write, so an error counts as a
+refusal here. The real apiserver runs the same objects in tests/k8s/test_vap.py. The floor must never refuse
+what the guard admits: a property test sends random kubelet writes through the guard's offline admission chain
+(/mutate, patch, /validate) and checks the floor on what the guard stored.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -44,13 +48,30 @@ Evaluate = Callable[[str, dict[str, Any]], Any]
 ERROR = object()
 
 
+def k8s_find(text: str, pattern: str) -> str:
+    """Kubernetes CEL ``<string>.find(<regex>)``: the first match, or "" when none."""
+    found = re.search(pattern, text)
+    return found.group(0) if found else ""
+
+
+def k8s_find_all(text: str, pattern: str) -> list[str]:
+    """Kubernetes CEL ``<string>.findAll(<regex>)``: every non-overlapping match."""
+    return [m.group(0) for m in re.finditer(pattern, text)]
+
+
 def _celpy_engine() -> Evaluate:
     env = celpy.Environment()
     programs: dict[str, Any] = {}
+    functions = {
+        "find": lambda s, p: celpy.celtypes.StringType(k8s_find(str(s), str(p))),
+        "findAll": lambda s, p: celpy.celtypes.ListType([celpy.celtypes.StringType(m)
+                                                         for m in k8s_find_all(str(s), str(p))]),
+        "split": lambda s, sep: celpy.celtypes.ListType([celpy.celtypes.StringType(m) for m in str(s).split(str(sep))]),
+    }
 
     def evaluate(expression: str, activation: dict[str, Any]) -> Any:
         if expression not in programs:
-            programs[expression] = env.program(env.compile(expression))
+            programs[expression] = env.program(env.compile(expression), functions=functions)
         try:
             result = programs[expression].evaluate({k: json_to_cel(v) for k, v in activation.items()})
         except Exception:  # any failure of the engine is an evaluation error
@@ -65,11 +86,13 @@ def _celpy_engine() -> Evaluate:
 def _cel_rs_engine() -> Evaluate:
     programs: dict[str, Any] = {}
 
+    functions = {"find": k8s_find, "findAll": k8s_find_all, "split": lambda s, sep: s.split(sep)}
+
     def evaluate(expression: str, activation: dict[str, Any]) -> Any:
         if expression not in programs:
             programs[expression] = cel.compile(expression)
         try:
-            return programs[expression].execute(activation)
+            return programs[expression].execute(cel.Context(variables=activation, functions=functions))
         except Exception:  # any failure of the engine is an evaluation error
             return ERROR
 
@@ -152,11 +175,22 @@ def driver(name: str, count: int | None, *, allocatable: bool = True) -> dict[st
     return entry
 
 
-def csinode(*drivers: dict[str, Any] | None, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A CSINode as the apiserver hands it to CEL; no drivers -> ``spec.drivers: null``."""
+REQUEST_TIME = "2026-12-01T00:05:00Z"
+"""The time the apiserver gives the writer's managedFields entry in :func:`csinode` objects."""
+
+
+def csinode(
+    *drivers: dict[str, Any] | None, annotations: Mapping[str, str] | None = None, times: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """A CSINode as the apiserver hands it to CEL; no drivers -> ``spec.drivers: null``; ``times``: the
+    ``time`` of each managedFields entry (none: no managedFields)."""
     metadata: dict[str, Any] = {"name": NODE, "uid": "3c9a0b52-0000-4000-8000-000000000001", "resourceVersion": "7"}
     if annotations is not None:
         metadata["annotations"] = dict(annotations)
+    if times:
+        metadata["managedFields"] = [{"manager": f"m{i}", "operation": "Update", "apiVersion": "storage.k8s.io/v1",
+                                      "time": t, "fieldsType": "FieldsV1", "fieldsV1": {}}
+                                     for i, t in enumerate(times)]
     listed = [d for d in drivers if d is not None]
     return {"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": metadata,
             "spec": {"drivers": listed or None}}
@@ -207,18 +241,107 @@ IDENTITY = "[writer-identity]"
                      id="the node's name without the group system:nodes is refused"),
         pytest.param(csinode(driver(EBS, 25)), csinode(driver(EBS, 20)),
                      ("carol", ["csinode-guard:break-glass"]), "skip", id="an exempt principal skips the floor"),
-        pytest.param(csinode(driver(EBS, 25)),
-                     csinode(driver(EBS, 60), annotations={"csinode-guard.io/justification": "[]"}), ADMIN, "allow",
-                     id="a justification lifts writer identity and the step"),
-        pytest.param(csinode(driver(EBS, 25)),
-                     csinode(driver(EBS, INT32_MAX), annotations={"csinode-guard.io/justification": "[]"}), KUBELET,
-                     CUTOFF, id="a justification does not lift int32 max"),
     ],
 )
 def test_the_floor_decides(
     engine: Evaluate, vap: dict[str, Any], old: dict[str, Any], new: dict[str, Any],
     user: tuple[str, list[str]], expected: str,
 ) -> None:
+    outcome = floor_outcome(engine, vap, old, new, user=user)
+    assert outcome == expected if expected in ("allow", "skip") else expected in outcome, outcome
+
+
+JUSTIFICATION = "csinode-guard.io/justification"
+STATE = "csinode-guard.io/state"
+
+
+def justification(*entries: Mapping[str, Any]) -> str:
+    """The annotation's value: a JSON list of entries over the defaults (ebs, 30-60, expiring after the request)."""
+    base = {"driver": EBS, "reason": "new ENI layout", "minCount": 30, "maxCount": 60,
+            "expires": "2026-12-01T01:00:00Z", "ticket": "OPS-1"}
+    return json.dumps([{**base, **e} for e in entries])
+
+
+def justified(value: str, *, count: int = 40, before: str | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(old, new): ebs 25 -> ``count`` (40: within maxStepUp) with the justification ``value`` already on the
+    object (``before``: the old object's value, default the same, i.e. set by an earlier write)."""
+    old = csinode(driver(EBS, 25), annotations={JUSTIFICATION: value if before is None else before},
+                  times=("2026-11-30T10:00:00Z",))
+    new = csinode(driver(EBS, count), annotations={JUSTIFICATION: value}, times=("2026-11-30T10:00:00Z", REQUEST_TIME))
+    return old, new
+
+
+APPROVER = ("alice@example.com", ["csinode-guard:approvers", "system:authenticated"])
+
+
+@pytest.mark.parametrize(
+    ("case", "user", "expected"),
+    [
+        pytest.param(justified(justification({})), ADMIN, "allow",
+                     id="an unexpired justification covering the count lifts writer identity and the step"),
+        pytest.param(justified(justification({}), count=60), KUBELET, "allow", id="it lifts the kubelet's step too"),
+        pytest.param(justified(justification({}), count=INT32_MAX), KUBELET, CUTOFF,
+                     id="it never lifts int32 max"),
+        pytest.param(justified(justification({"maxCount": 200}), count=129), KUBELET, CEILING,
+                     id="it never lifts the highest ceiling"),
+        pytest.param(justified(justification({"expires": "2026-12-01T00:04:59Z"})), ADMIN, IDENTITY,
+                     id="an expired justification lifts nothing"),
+        pytest.param(justified(justification({"expires": "2026-12-01T02:04:59+02:00"})), ADMIN, IDENTITY,
+                     id="expiry compared as a time, not as text (an offset)"),
+        pytest.param(justified(justification({"expires": "2026-12-01T00:05:00.5Z"})), ADMIN, "allow",
+                     id="fractional seconds"),
+        pytest.param(justified(justification({"maxCount": 39})), ADMIN, IDENTITY,
+                     id="a range below the new count lifts nothing"),
+        pytest.param(justified(justification({"minCount": 61, "maxCount": 90}), count=60), KUBELET, STEP,
+                     id="a range above the new count lifts nothing"),
+        pytest.param(justified(justification({"driver": "pd.csi.storage.gke.io"})), ADMIN, IDENTITY,
+                     id="another driver's justification lifts nothing"),
+        pytest.param(justified(justification({"reason": 'see {x} "maxCount": 90, }', "maxCount": 35})),
+                     ADMIN, IDENTITY, id="a key quoted inside a string forges nothing"),
+        pytest.param(justified(justification({"reason": 'new {eni} "layout" \\', "ticket": "}{"})),
+                     ADMIN, "allow", id="braces, quotes and backslashes inside strings do not split the entry"),
+        pytest.param(justified(justification({"maxCount": 10}, {})), ADMIN, "allow",
+                     id="any covering entry of the list"),
+        pytest.param(justified(json.dumps({"driver": EBS, "reason": "r", "minCount": 0, "maxCount": 90,
+                                           "expires": "2026-12-01T01:00:00Z"}, indent=2)), ADMIN, "allow",
+                     id="a single object, indented"),
+        pytest.param(justified(justification({"expires": "2026-02-30T00:00:00Z"})), ADMIN, IDENTITY,
+                     id="an impossible date lifts nothing and fails no expression"),
+        pytest.param(justified(justification({"expires": "tomorrow"})), ADMIN, IDENTITY,
+                     id="a time that is not RFC 3339 lifts nothing"),
+        pytest.param(justified('[{"driver": "ebs.csi.aws.com", "maxCount": 90, "maxCount": 90, "minCount": 0, '
+                               '"expires": "2026-12-01T01:00:00Z", "reason": "r"}]'), ADMIN, IDENTITY,
+                     id="a key given twice lifts nothing"),
+        pytest.param(justified("not json"), ADMIN, IDENTITY, id="not JSON: nothing"),
+        pytest.param(justified(justification({"ticket": "x" * 16300})), ADMIN, IDENTITY,
+                     id="an annotation over 16 KiB lifts nothing (the apiserver's CEL cost limit)"),
+        pytest.param(justified(justification({"ticket": "x" * 16000})), ADMIN, "allow",
+                     id="one just under 16 KiB is read"),
+        pytest.param((csinode(driver(EBS, 25), annotations={STATE: '{"approvals": [{"approvedBy": "alice"}]}'}),
+                      csinode(driver(EBS, 40), annotations={STATE: '{"approvals": [{"approvedBy": "alice"}]}'},
+                              times=(REQUEST_TIME,))),
+                     ADMIN, IDENTITY, id="an approval recorded in the state lifts nothing"),
+        pytest.param(justified(justification({}), before=justification({"maxCount": 30})), ADMIN,
+                     "only a justifier the policy lists", id="a justification set by a non-justifier is refused"),
+        pytest.param(justified(justification({}), before=justification({"maxCount": 30})), KUBELET,
+                     "only a justifier the policy lists", id="the node's own justification is refused"),
+        pytest.param(justified(justification({}), before=justification({"maxCount": 30})), APPROVER, "allow",
+                     id="a justifier sets a justification and the count it covers in one write"),
+        pytest.param((csinode(driver(EBS, 25)), csinode(driver(EBS, 25), annotations={JUSTIFICATION: "[]"})),
+                     KUBELET, "only a justifier the policy lists",
+                     id="a justification added without a count change is judged too"),
+        pytest.param((csinode(driver(EBS, 25), annotations={JUSTIFICATION: "[]"}), csinode(driver(EBS, 25))),
+                     KUBELET, "skip", id="a justification removed is not judged"),
+        pytest.param((csinode(driver(EBS, 25), annotations={JUSTIFICATION: justification({})}),
+                      csinode(driver(EBS, 40), annotations={JUSTIFICATION: justification({})})),
+                     ADMIN, IDENTITY, id="no managedFields time: the request time is unknown and nothing lifts"),
+    ],
+)
+def test_a_justification_lifts_the_floor_only_while_unexpired_and_covering_the_count(
+    engine: Evaluate, vap: dict[str, Any], case: tuple[dict[str, Any], dict[str, Any]],
+    user: tuple[str, list[str]], expected: str,
+) -> None:
+    old, new = case
     outcome = floor_outcome(engine, vap, old, new, user=user)
     assert outcome == expected if expected in ("allow", "skip") else expected in outcome, outcome
 
@@ -341,6 +464,23 @@ def test_no_object_the_apiserver_can_produce_makes_an_expression_fail(
         assert floor_outcome(evaluate, vap, old_obj, new_obj, operation=operation, user=writer) != "error"
 
 
+FRAGMENTS = st.sampled_from(['{', '}', '"', '\\', '"driver"', ':', ',', '"ebs.csi.aws.com"', '"minCount"',
+                             '"maxCount"', '"expires"', '0', '40', '99999999999', '"2026-12-01T01:00:00Z"',
+                             '"2026-02-29T00:00:00Z"', '"9999-12-31T23:59:59-23:59"', ' ', '[', ']'])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(value=st.one_of(st.text(max_size=80), st.lists(FRAGMENTS, max_size=30).map("".join)),
+       writer=st.sampled_from([KUBELET, ADMIN, APPROVER]))
+def test_no_justification_annotation_makes_an_expression_fail(
+    vap: dict[str, Any], value: str, writer: tuple[str, list[str]]
+) -> None:
+    for before in (None, "[]"):
+        old, new = justified(value, before=before)
+        for evaluate in ENGINES.values():
+            assert floor_outcome(evaluate, vap, old, new, user=writer) != "error", value
+
+
 KEYS = StateKeys([b"k" * 32])
 
 
@@ -371,6 +511,47 @@ def test_the_floor_never_refuses_what_the_guard_admits(
             floor = floor_outcome(evaluate, vap, stored, outcome.stored, user=user)
             assert floor in ("allow", "skip"), (label, stored["spec"], outcome.stored["spec"], user, floor)
         stored = outcome.stored
+
+
+def _stamped(obj: dict[str, Any], when: datetime) -> dict[str, Any]:
+    """``obj`` with the managedFields time the apiserver gives the writer's entry before admission."""
+    stamped = copy.deepcopy(obj)
+    stamped["metadata"]["managedFields"] = [{"manager": "writer", "operation": "Update", "time":
+                                             when.strftime("%Y-%m-%dT%H:%M:%SZ"), "fieldsType": "FieldsV1",
+                                             "fieldsV1": {}}]
+    return stamped
+
+
+@pytest.mark.parametrize("writer", [pytest.param(APPROVER, id="the approver in one write (as restore does)"),
+                                    pytest.param(KUBELET, id="the node's kubelet after the approval")])
+def test_the_floor_lets_through_a_justified_jump_the_guard_admits(
+    engine: Evaluate, vap: dict[str, Any], writer: tuple[str, list[str]]
+) -> None:
+    policy = load_policy()
+    cluster = StaticClusterView(nodes={NODE: {"labels": {"node.kubernetes.io/instance-type": "m7i.48xlarge"},
+                                              "kubeletVersion": "v1.36.2"}})
+    now = datetime(2026, 12, 1, tzinfo=UTC)
+    kwargs: dict[str, Any] = {"policy": policy, "cluster": cluster, "keys": KEYS, "uid": csinode()["metadata"]["uid"]}
+    first = admit_write(csinode(), csinode(driver(EBS, 25)), now=now, username=KUBELET[0], groups=KUBELET[1],
+                        **kwargs)
+    assert first.stored is not None
+    stored = first.stored
+    value = justification({"expires": (now + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%SZ")})
+    if writer == KUBELET:  # the approver sets the justification first, with no count change
+        approved = copy.deepcopy(stored)
+        approved["metadata"].setdefault("annotations", {})[JUSTIFICATION] = value
+        outcome = admit_write(stored, approved, now=now, username=APPROVER[0], groups=APPROVER[1], **kwargs)
+        assert outcome.allowed and outcome.stored is not None
+        stored = outcome.stored
+    now += timedelta(minutes=5)
+    jump = copy.deepcopy(stored)
+    jump["spec"]["drivers"][0]["allocatable"]["count"] = 60  # 25 -> 60: above maxStepUp 16, justified
+    jump["metadata"].setdefault("annotations", {})[JUSTIFICATION] = value
+    outcome = admit_write(stored, jump, now=now, username=writer[0], groups=writer[1], **kwargs)
+    assert outcome.allowed and outcome.stored is not None
+    assert outcome.stored["spec"]["drivers"][0]["allocatable"]["count"] == 60
+    floor = floor_outcome(engine, vap, _stamped(stored, now), _stamped(outcome.stored, now), user=writer)
+    assert floor == "allow", floor
 
 
 def test_the_cli_prints_the_comment_and_both_objects(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ EBS = "ebs.csi.aws.com"
 OTHER = "example.csi.io"
 INSTANCE_TYPE = {"node.kubernetes.io/instance-type": "m7i.48xlarge"}  # ebs profile: 128
 INT32_MAX = 2147483647
+JUSTIFICATION = "csinode-guard.io/justification"
 
 
 def _policy(tmp_path: Path) -> Path:
@@ -159,3 +160,71 @@ def test_with_the_guard_up_the_floor_never_refuses_what_the_guard_admits(
     current["spec"]["drivers"][0]["allocatable"]["count"] = 10
     by_admin = control_plane.kubectl("replace", "-f", "-", input=json.dumps(current), check=False)
     assert by_admin.returncode != 0 and "writer-identity" in by_admin.stderr
+
+
+def _justify(cp: ControlPlane, node: str, kubeconfig: Path, *, low: int, high: int, expires: str) -> Any:
+    value = json.dumps([{"driver": EBS, "reason": "test", "minCount": low, "maxCount": high, "expires": expires}])
+    return cp.kubectl("annotate", "--overwrite", "csinode", node, f"{JUSTIFICATION}={value}", kubeconfig=kubeconfig,
+                      check=False)
+
+
+def _admin_count(cp: ControlPlane, node: str, count: int) -> Any:
+    return cp.replace_count(node, EBS, count, kubeconfig=cp.kubeconfig, check=False)
+
+
+
+def test_after_restore_nothing_left_lifts_the_floor_and_only_a_covering_unexpired_justification_does(
+    control_plane: ControlPlane, guard_factory: Any, floor: tuple[str, Path]
+) -> None:
+    cp = control_plane
+    name, policy = floor
+    node = unique("vaprestore")
+    cp.create_node(node, INSTANCE_TYPE)
+    cp.kubelet(node, "install", "--driver", EBS, "--node-id", "i-vr", "--max-volumes", "25")
+    wait_for_floor(cp, name, node)
+    guard: Guard = guard_factory(policy=policy)
+    cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "23")
+
+    # The runbook: unregister, a bogus 39 is stored (within the floor's step), register, restore the trusted 23.
+    guard.unregister()
+    assert _kubelet_update(cp, node, 39).returncode == 0
+    guard.register()
+    alice = cp.approver_kubeconfig()
+    guard.csinode_guard("restore", node, "--driver", EBS, "--reason", "bogus limit", "--state-key-file",
+                        str(guard.cert_dir / "state.key"), "--kubeconfig", str(alice))
+    restored = cp.get_csinode(node)
+    assert counts(restored) == {EBS: 23}
+    assert "approvedBy" in restored["metadata"]["annotations"]["csinode-guard.io/state"]
+    assert JUSTIFICATION in restored["metadata"]["annotations"]  # covering exactly 23, unexpired
+
+    # The floor alone: the guard unregistered and stopped; what restore left behind lifts nothing.
+    guard.unregister()
+    guard.stop()
+    assert _kubelet_update(cp, node, 39).returncode == 0
+    jump = _admin_count(cp, node, 100)  # the apiserver names the first check that fails: maxStepUp
+    assert jump.returncode != 0 and _refused_by_floor(name, jump.stderr) and "maxStepUp" in jump.stderr, jump.stderr
+    small = _admin_count(cp, node, 50)  # within the step: the writer check holds too
+    assert small.returncode != 0 and _refused_by_floor(name, small.stderr) and "[writer-identity]" in small.stderr, (
+        small.stderr)
+    assert counts(cp.get_csinode(node)) == {EBS: 39}
+
+    # Only a justifier sets a justification: the admin and the node itself are refused.
+    for kubeconfig in (cp.kubeconfig, cp.node_kubeconfig(node)):
+        forged = _justify(cp, node, kubeconfig, low=0, high=128, expires="2099-01-01T00:00:00Z")
+        assert forged.returncode != 0 and "only a justifier the policy lists" in forged.stderr, forged.stderr
+
+    # An approver's justification: expired, or a range without the new count, lifts nothing; covering does.
+    for low, high, expires in ((40, 60, "2020-01-01T00:00:00Z"), (60, 100, "2099-01-01T00:00:00Z")):
+        assert _justify(cp, node, alice, low=low, high=high, expires=expires).returncode == 0
+        refused = _admin_count(cp, node, 50)
+        assert refused.returncode != 0 and "[writer-identity]" in refused.stderr, (low, high, expires, refused.stderr)
+        assert counts(cp.get_csinode(node)) == {EBS: 39}
+    assert _justify(cp, node, alice, low=40, high=60, expires="2099-01-01T00:00:00+02:00").returncode == 0
+    covered = _admin_count(cp, node, 50)
+    assert covered.returncode == 0, covered.stderr
+    assert counts(cp.get_csinode(node)) == {EBS: 50}
+    # It never lifts the highest ceiling (128 for ebs).
+    assert _justify(cp, node, alice, low=0, high=500, expires="2099-01-01T00:00:00Z").returncode == 0
+    assert _kubelet_update(cp, node, 60).returncode == 0  # the step lifted for the kubelet too (50 -> 60 is within)
+    above = _kubelet_update(cp, node, 129)
+    assert _refused_by_floor(name, above.stderr) and "highest possible ceiling" in above.stderr, above.stderr

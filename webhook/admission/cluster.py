@@ -89,7 +89,8 @@ class ClusterView(Protocol):
     def driver_version(self, node: str, driver: str) -> str | None:
         """Version of ``driver`` running on ``node`` from the policy's ``pod`` version source, or None.
 
-        Only Running pods scheduled on the node count; two versions on one node resolve to the lower.
+        Only pods a DaemonSet controls, bound to the node, count (never mirror pods, never their status); two
+        versions on one node resolve to the lower.
         """
         ...
 
@@ -202,7 +203,8 @@ class PodVersionSource:
 
     ``namespace`` and ``match_labels`` (a label selector's ``matchLabels``) select the driver's node pods;
     the version is read from the image tag of ``container`` (``registry/image:v1.37.0`` -> ``v1.37.0``), or,
-    when ``label`` is set, from that pod label. Only Running pods with ``spec.nodeName`` equal to the node count.
+    when ``label`` is set, from that pod label. Only pods with a DaemonSet controller reference and ``spec.nodeName``
+    equal to the node count, in any phase; mirror pods never (the node can create those and write every pod's status).
     """
 
     driver: str

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 import yaml
 
+from webhook.admission.node_labels import node_label_warnings
 from webhook.admission.policy import PolicyError, load_policy, load_profile
 from webhook.admission.safe_yaml import load_yaml
 from webhook.kube.vap import VAP_NAME, export_vap
@@ -32,21 +33,23 @@ def _kind(path: Path) -> str | None:
     return str(kind) if kind else None
 
 
-def _validate_one(path: Path) -> tuple[bool, str]:
+def _validate_one(path: Path) -> tuple[bool, str, list[str]]:
+    """(valid, the line for standard output, warnings for standard error)."""
     kind = _kind(path)
     try:
         if kind == "DriverProfile":
             profile = load_profile(path)
-            return True, f"{path}: ok (DriverProfile {profile.name!r}, {len(profile.ceilings)} entries)"
+            return True, f"{path}: ok (DriverProfile {profile.name!r}, {len(profile.ceilings)} entries)", []
         if kind == TEST_KIND:
             doc = load_test_file(path)
-            return True, f"{path}: ok (PolicyTest, {len(doc['cases'])} cases)"
+            return True, f"{path}: ok (PolicyTest, {len(doc['cases'])} cases)", []
         loaded = load_policy(path)
-        return True, f"{path}: ok (GuardPolicy {loaded.name!r}, hash {loaded.hash})"
+        warnings = [f"{path}: warning: at {w.path}: {w.message}" for w in node_label_warnings(loaded)]
+        return True, f"{path}: ok (GuardPolicy {loaded.name!r}, hash {loaded.hash})", warnings
     except PolicyError as exc:
-        return False, f"{exc.source}: invalid: at {exc.path or '(document)'}: {exc.constraint}"
+        return False, f"{exc.source}: invalid: at {exc.path or '(document)'}: {exc.constraint}", []
     except PolicyTestError as exc:
-        return False, f"{exc.source}: invalid: at {exc.path or '(document)'}: {exc.problem}"
+        return False, f"{exc.source}: invalid: at {exc.path or '(document)'}: {exc.problem}", []
 
 
 @policy.command("validate")
@@ -57,18 +60,22 @@ def validate(paths: tuple[Path, ...], quiet: bool) -> None:
 
     A directory stands for every *.yaml/*.yml file below it. An invalid file is reported as
     FILE: invalid: at PATH: CONSTRAINT (PATH is a JSON path inside the document). Exit code 1 when any file is
-    invalid.
+    invalid. A GuardPolicy whose ceiling nodeLabel or enforcementScope.nodeSelector uses a label the node's
+    kubelet can set on its own Node (NodeRestriction) gets FILE: warning: at PATH: ... on standard error (exit
+    code unchanged); labels under node-restriction.kubernetes.io/ are the ones a kubelet cannot set.
     """
     bad = 0
     files = find_test_files(list(paths))
     if not files:
         raise click.ClickException("no policy files (*.yaml, *.yml) found in " + ", ".join(map(str, paths)))
     for path in files:
-        ok, line = _validate_one(path)
+        ok, line, warnings = _validate_one(path)
         if not ok:
             bad += 1
         if not ok or not quiet:
             click.echo(line)
+        for warning in warnings:
+            click.echo(warning, err=True)
     if bad:
         click.echo(f"{bad} invalid file{'s' if bad != 1 else ''}", err=True)
         sys.exit(1)

@@ -174,8 +174,9 @@ def driver_versions(
     """Per driver: version -> number of nodes, from the policy's version source, and a description of the source.
 
     ``pod``: one LIST of the source's pods (namespace, label selector); a node's version is the lowest its
-    Running pods report. ``annotation``: the CSINodes' driver-versions annotation (as written; the guard trusts
-    it only from trusted principals). ``kubelet``: not read.
+    DaemonSet-controlled pods report (read as the guard reads them: :func:`parse_pod`). ``annotation``: the
+    CSINodes' driver-versions annotation (as written; the guard trusts it only from trusted principals).
+    ``kubelet``: not read.
     """
     versions: dict[str, dict[str, int]] = {}
     sources: dict[str, str] = {}

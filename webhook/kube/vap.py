@@ -21,12 +21,21 @@ objects changes its count -- present in both means the same registration: same `
 guard may *clamp* a registration's count; a ValidatingAdmissionPolicy cannot patch, so it lets registrations
 pass.
 
+Justifications: a driver's new count passes the writer check and ``maxStepUp`` only when an entry of the
+``csinode-guard.io/justification`` annotation names that driver, covers the count (``minCount`` <= count <=
+``maxCount``) and expires after the request (CEL ``timestamp()``; the request's time is the latest ``time`` of the
+object's managedFields, which the apiserver sets for the writer before admission). Nothing else lifts a check: not
+an expired or non-covering entry, not an approval recorded in the guard's state (which ``restore`` leaves behind and
+which CEL cannot verify). Who set the annotation is checked when it is set: a write that adds or changes it (with
+or without a count change) is refused unless a justifier the policy lists makes it, as the guard refuses it.
+
 The floor must never refuse what the guard admits (it runs after the guard's mutating webhook, on the clamped
 object). Hence: a decrease, and unbounded -> bounded, are never judged by the count checks (the guard softens
-them); the policy's ``exemptions`` skip the floor; a justification annotation or a recorded approval on the
-object lifts the writer check and ``maxStepUp`` (the floor cannot tell who set it or whether it covers the
-count); a policy with ``enforcementScope`` (a canary on Node labels, which CEL cannot read) gets a binding that
-only warns and audits. Drivers are matched by name, never by index (kubelet re-appends the driver it updates).
+them); the policy's ``exemptions`` skip the floor; a policy with ``enforcementScope`` (a canary on Node labels,
+which CEL cannot read) gets a binding that only warns and audits. The cases where it is stricter: a justification
+entry it cannot read (a key given twice, a time outside the RFC 3339 forms of :data:`RFC3339_RE`, 29 February)
+or an annotation over :data:`MAX_JUSTIFICATION_BYTES` lifts nothing. Drivers are matched by name, never by index
+(kubelet re-appends the driver it updates).
 
 Every expression is written never to fail on an object the apiserver can produce: ``spec.drivers`` is ``null``
 on a CSINode without drivers, ``allocatable`` and ``allocatable.count`` are absent when unbounded, and
@@ -47,7 +56,6 @@ import yaml
 from webhook.admission.csinode import INT32_MAX
 from webhook.admission.justification import JUSTIFICATION_ANNOTATION
 from webhook.admission.policy import Ceiling, DriverPolicy, EnforcementAction, Policy, Principals
-from webhook.admission.state import STATE_ANNOTATION
 from webhook.kube.registration import UPDATE_ONLY_CONDITION_NAME, UPDATE_ONLY_EXPRESSION, same_entry
 
 VAP_NAME: Final = "csinode-guard-floor"
@@ -70,8 +78,9 @@ NOT_EXPRESSED: Final = (
     "state-integrity: needs the HMAC state key, which must not be in the apiserver's configuration",
     "count-ceiling per node label (instance type, profiles): needs the Node's labels (a cluster lookup); the "
     "floor uses each driver's highest possible ceiling instead",
-    "justifications: CEL cannot verify who set csinode-guard.io/justification nor the signature of a recorded "
-    "approval, so their presence lifts writer-identity and maxStepUp",
+    "justifications: the floor reads csinode-guard.io/justification itself (an unexpired entry covering the new "
+    "count lifts writer-identity and maxStepUp; setting it needs a justifier); it cannot verify the signed state, "
+    "so an approval recorded there lifts nothing",
     "registrations (a driver that appears): the guard may clamp their count; a ValidatingAdmissionPolicy cannot "
     "patch, and must never refuse one",
     "enforcementScope (canary on Node labels): CEL cannot read the Node; a scoped policy's binding only warns "
@@ -217,6 +226,78 @@ def _guarded(condition: str, check: str) -> str:
     return check if condition == "true" else f"!({condition}) || {check}"
 
 
+# --- justifications, read in CEL ----------------------------------------------------------------------------
+# The apiserver's CEL has no JSON decoder: the annotation's entries are read with RE2 (Kubernetes' regex library
+# ``find``/``findAll`` and the strings extension's ``split``). A key must appear exactly once in an entry and its
+# value must have the shape below, else the entry lifts nothing (the floor is then stricter than the guard, never
+# more lenient). The time pattern admits only times CEL's ``timestamp()`` parses (Go's RFC 3339 parser checks the
+# day of the month; 29 February is left out, so no leap-year check is needed) so that no expression can fail.
+
+BOUNDED_D: Final = "(has(d.allocatable) && has(d.allocatable.count))"
+MAX_JUSTIFICATION_BYTES: Final = 16384
+"""A longer justification annotation lifts nothing in the floor: reading it would exceed the apiserver's CEL cost
+limit per expression (measured on v1.36.2: about 15 KB and 100 entries pass, 45 KB exceed it), and an error would
+refuse the write anyway. ``size()`` counts code points; the limit is meant in bytes for ASCII JSON."""
+_WS: Final = r"[ \t\n\r]*"
+ENTRY_RE: Final = r'\{(?:[^{}"]|"(?:[^"\\]|\\.)*")*\}'
+"""One JSON object of the annotation's list (strings may hold braces and escaped quotes)."""
+RFC3339_RE: Final = (
+    r"[12][0-9]{3}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+    r"|02-(?:0[1-9]|1[0-9]|2[0-8]))T(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,9})?"
+    r"(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
+)
+"""The RFC 3339 times the floor reads in ``expires`` (years 1000-2999)."""
+
+
+def _key(name: str) -> str:
+    return f'"{name}"{_WS}:'
+
+
+_DRIVER_RE: Final = _key("driver") + _WS + r'"[^"\\]+"'
+_EXPIRES_RE: Final = _key("expires") + _WS + '"' + RFC3339_RE + '"'
+
+
+def _count_re(name: str) -> str:
+    return _key(name) + _WS + "[0-9]{1,10}" + _WS + "[,}]"
+
+
+def _well_formed(e: str) -> str:
+    parts = []
+    for name, value in (("driver", _DRIVER_RE), ("minCount", _count_re("minCount")),
+                        ("maxCount", _count_re("maxCount")), ("expires", _EXPIRES_RE)):
+        parts.append(f"{e}.findAll({cel_string(_key(name))}).size() == 1 && {e}.find({cel_string(value)}) != ''")
+    return " && ".join(parts)
+
+
+def _string_value(e: str, pattern: str) -> str:
+    return f"{e}.find({cel_string(pattern)}).split('\"')[3]"
+
+
+def _int_value(e: str, name: str) -> str:
+    return f"int({e}.find({cel_string(_count_re(name))}).find('[0-9]{{1,10}}'))"
+
+
+REQUEST_TIMES: Final = (
+    "has(object.metadata.managedFields) ? object.metadata.managedFields.filter(f, has(f.time))"
+    ".map(f, timestamp(string(f.time))) : []"
+)
+"""The request's time, as the apiserver records it: it sets the ``time`` of the managedFields entry of the manager
+whose fields a write changes to the current time (to the second) before admission, so the latest entry is no
+earlier than the request. A writer can add entries, but only later ones, which expire more."""
+
+APPROVALS: Final = (
+    f"variables.justifications.filter(e, {_well_formed('e')} && variables.requestTimes.size() > 0 && "
+    f"variables.requestTimes.all(t, t < timestamp({_string_value('e', _EXPIRES_RE)})))"
+)
+"""The annotation's entries that are well formed and expire after the request."""
+
+JUSTIFIED: Final = (
+    f"({BOUNDED_D} && variables.approvals.exists(e, {_string_value('e', _DRIVER_RE)} == d.name && "
+    f"{_int_value('e', 'minCount')} <= d.allocatable.count && d.allocatable.count <= {_int_value('e', 'maxCount')}))"
+)
+"""Driver entry ``d``'s new count is covered by an unexpired justification for its driver."""
+
+
 def _validations(floors: Sequence[DriverFloor], default: DriverFloor) -> list[dict[str, Any]]:
     validations: list[dict[str, Any]] = []
     counts = _bool_param(floors, default, "count_checks")
@@ -245,28 +326,33 @@ def _validations(floors: Sequence[DriverFloor], default: DriverFloor) -> list[di
     if any(f.max_step_up is not None for f in [*floors, default]):
         check = _int_check("max_step_up", default, "maxStepUp", "d.allocatable.count - o.allocatable.count <= LIMIT")
         validations.append({
-            "expression": "variables.approvalPresent || variables.increases.all(d, "
-            f"variables.oldDrivers.all(o, !({_SAME}) || {check}))",
+            "expression": "variables.increases.all(d, "
+            f"variables.oldDrivers.all(o, !({_SAME}) || {check}) || {JUSTIFIED})",
             "message": "csinode-guard floor [count-ceiling]: an increase larger than the driver's maxStepUp; let "
             "the count rise in smaller steps, or have an approver justify the jump",
             "reason": "Forbidden",
         })
     identity = _bool_param(floors, default, "writer_identity")
     if identity != "false":
-        anyone = "" if identity == "true" else f" || variables.changed.all(d, !({identity}))"
         validations.append({
-            "expression": f"variables.trustedWriter || variables.approvalPresent{anyone}",
-            "message": "csinode-guard floor [writer-identity]: counts change only by the node's own kubelet or "
-            "a writer the policy lists",
+            "expression": f"variables.trustedWriter || variables.changed.all(d, {_guarded(identity, JUSTIFIED)})",
+            "message": "csinode-guard floor [writer-identity]: counts change only by the node's own kubelet, a "
+            "writer the policy lists, or within an unexpired justification that covers the new count",
             "reason": "Forbidden",
         })
+    validations.append({
+        "expression": "!variables.justificationSet || variables.justifier",
+        "message": f"csinode-guard floor [writer-identity]: only a justifier the policy lists sets "
+        f"{JUSTIFICATION_ANNOTATION}",
+        "reason": "Forbidden",
+    })
     return validations
 
 
 BOUNDED: Final = "(has({d}.allocatable) && has({d}.allocatable.count))"
 
 
-COUNT_CHANGED_CONDITION_NAME: Final = "some-driver-count-changed"
+COUNT_CHANGED_CONDITION_NAME: Final = "count-or-justification-changed"
 EXEMPT_CONDITION_NAME: Final = "not-exempt"
 
 
@@ -279,17 +365,18 @@ def build_validating_admission_policy(policy: Policy, *, name: str = VAP_NAME) -
     )
     writers = _principal_test(policy.writers)
     annotations = "has(object.metadata.annotations) ? object.metadata.annotations : {}"
-    state = cel_string(STATE_ANNOTATION)
-    approval = (
-        f"{cel_string(JUSTIFICATION_ANNOTATION)} in variables.annotations || ({state} in variables.annotations"
-        f" && variables.annotations[{state}].contains({cel_string(chr(34) + 'approvedBy' + chr(34))}))"
+    justification = cel_string(JUSTIFICATION_ANNOTATION)
+    old_annotations = "has(oldObject.metadata.annotations) ? oldObject.metadata.annotations : {}"
+    justification_set = (
+        f"{justification} in ({annotations}) && !({justification} in ({old_annotations}) && "
+        f"({old_annotations})[{justification}] == ({annotations})[{justification}])"
     )
     conditions = [
         {"name": UPDATE_ONLY_CONDITION_NAME, "expression": UPDATE_ONLY_EXPRESSION},
         {
             "name": COUNT_CHANGED_CONDITION_NAME,
             "expression": f"({_drivers('object')}).exists(d, ({_drivers('oldObject')}).exists(o, "
-            f"{_SAME} && {_count('o')} != {_count('d')}))",
+            f"{_SAME} && {_count('o')} != {_count('d')})) || ({justification_set})",
         },
     ]
     exempt = _principal_test(policy.exemptions)
@@ -329,7 +416,16 @@ def build_validating_admission_policy(policy: Policy, *, name: str = VAP_NAME) -
                 {"name": "ceilings", "expression": _int_map(floors, "ceiling")},
                 {"name": "maxStepUp", "expression": _int_map(floors, "max_step_up")},
                 {"name": "annotations", "expression": annotations},
-                {"name": "approvalPresent", "expression": approval},
+                {"name": "justificationSet", "expression": justification_set},
+                {"name": "justifier", "expression": _principal_test(policy.justifiers)},
+                {"name": "requestTimes", "expression": REQUEST_TIMES},
+                {
+                    "name": "justifications",
+                    "expression": f"{justification} in variables.annotations && "
+                    f"variables.annotations[{justification}].size() <= {MAX_JUSTIFICATION_BYTES} ? "
+                    f"variables.annotations[{justification}].findAll({cel_string(ENTRY_RE)}) : []",
+                },
+                {"name": "approvals", "expression": APPROVALS},
                 {"name": "trustedWriter", "expression": kubelet if writers == "false" else f"({kubelet}) || {writers}"},
             ],
             "validations": _validations(floors, default),

@@ -21,7 +21,7 @@ CACHE_SYNCED = Gauge(
 
 CACHE_OBJECTS = Gauge(
     "csinode_guard_cache_objects",
-    "Objects held in the watch cache of this kind (pods: Running driver pods only).",
+    "Objects held in the watch cache of this kind (pods: DaemonSet-controlled driver pods only).",
     ["kind"],
     multiprocess_mode="livemax",
 )

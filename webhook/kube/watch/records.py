@@ -55,7 +55,8 @@ class VolumeAttachmentRecord:
 
 @dataclass(frozen=True, slots=True)
 class PodRecord:
-    """A Running driver pod: ``spec.nodeName``, ``metadata.labels`` and ``spec.containers[].{name,image}``."""
+    """A DaemonSet-controlled driver pod: ``spec.nodeName``, ``metadata.labels`` and ``spec.containers[].{name,image}``
+    (never ``status``, which the node writes)."""
 
     node: str
     labels: Mapping[str, str]
@@ -172,13 +173,48 @@ def parse_volume_attachment(obj: Mapping[str, Any]) -> VolumeAttachmentRecord:
     )
 
 
-def parse_pod(obj: Mapping[str, Any]) -> PodRecord | None:
-    """A :class:`PodRecord` for a pod in phase Running with a ``spec.nodeName``; None for any other pod.
+MIRROR_POD_ANNOTATION = "kubernetes.io/config.mirror"
+"""Annotation of a mirror pod: the API copy of a static pod, which a node creates itself (NodeRestriction
+``admitPodCreate`` lets a node create only these, bound to itself, with a single owner reference to its Node)."""
 
-    Only Running pods count as the driver version on a node (pending, succeeded and failed pods do not); the
-    caller drops a pod from the cache when it stops running.
+
+def daemonset_controlled(meta: Mapping[str, Any]) -> bool:
+    """True when ``metadata.ownerReferences`` holds a controller reference to an ``apps/v1`` DaemonSet.
+
+    The apiserver allows at most one controller reference per object (``ValidateOwnerReferences``); NodeRestriction
+    refuses a node's pod whose single owner reference is not its own Node, so no pod a node created passes.
     """
-    if _get(obj, "status", "phase") != "Running":
+    owners = meta.get("ownerReferences")
+    if not isinstance(owners, list):
+        return False
+    return any(
+        isinstance(owner, Mapping)
+        and owner.get("controller") is True
+        and owner.get("kind") == "DaemonSet"
+        and owner.get("apiVersion") == "apps/v1"
+        for owner in owners
+    )
+
+
+def parse_pod(obj: Mapping[str, Any]) -> PodRecord | None:
+    """A :class:`PodRecord` for a driver pod a DaemonSet controls, bound to a node; None for any other pod.
+
+    Only what the node cannot write counts. A node may update the status of pods bound to it (phase,
+    ``containerStatuses[].image``), delete them, and create mirror pods (NodeRestriction ``admitPodStatus``,
+    ``admitPod``, ``admitPodCreate``); it may not change a pod's metadata or spec (the Node authorizer gives nodes
+    ``pods/status``, never ``update pods``). So: never a mirror pod (annotation ``kubernetes.io/config.mirror``, i.e.
+    a static pod), only a pod with a DaemonSet controller reference, and the images and labels from
+    ``metadata``/``spec`` as the DaemonSet controller set them -- whatever ``status`` says. The phase is ignored: a
+    node marking its driver pod Failed does not hide its version (the DaemonSet controller deletes a failed pod
+    and creates its replacement from the same template).
+    """
+    meta = _get(obj, "metadata")
+    if not isinstance(meta, Mapping):
+        return None
+    annotations = meta.get("annotations")
+    if isinstance(annotations, Mapping) and MIRROR_POD_ANNOTATION in annotations:
+        return None
+    if not daemonset_controlled(meta):
         return None
     node = _get(obj, "spec", "nodeName")
     if not isinstance(node, str) or not node:
@@ -191,7 +227,7 @@ def parse_pod(obj: Mapping[str, Any]) -> PodRecord | None:
                 name, image = container.get("name"), container.get("image")
                 if isinstance(name, str) and isinstance(image, str):
                     images.append((_intern(name), _intern(image)))
-    return PodRecord(node=_intern(node), labels=_labels(_get(obj, "metadata") or {}), images=tuple(images))
+    return PodRecord(node=_intern(node), labels=_labels(meta), images=tuple(images))
 
 
 def image_tag(image: str) -> str | None:

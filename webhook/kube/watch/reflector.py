@@ -50,7 +50,7 @@ class WatchDecodeError(Exception):
 
 class Reflector(Generic[R]):
     """Keeps ``store`` equal to the collection behind ``client``; ``parse`` turns an object into its record
-    (None: do not keep the object, e.g. a pod that is not Running)."""
+    (None: do not keep the object, e.g. a pod no DaemonSet controls)."""
 
     def __init__(
         self,

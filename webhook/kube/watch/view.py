@@ -8,7 +8,7 @@ kind                collection                                     kept per obje
 nodes               ``/api/v1/nodes``                              labels, ``status.nodeInfo.kubeletVersion``
 csidrivers          ``/apis/storage.k8s.io/v1/csidrivers``         ``spec.nodeAllocatableUpdatePeriodSeconds``
 volumeattachments   ``/apis/storage.k8s.io/v1/volumeattachments``  attacher, nodeName, attached, attachError
-pods                ``/api/v1/namespaces/<ns>/pods?labelSelector``  Running pods only: node, labels, images
+pods                ``/api/v1/namespaces/<ns>/pods?labelSelector``  DaemonSet pods only: node, labels, images
 ==================  =============================================  ===========================================
 
 There is one pod watch per distinct (namespace, label selector) of the policy's ``pod`` version sources.
@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from webhook.admission.cluster import AttachError, PodVersionSource
 from webhook.kube.watch import metrics
+from webhook.kube.watch.pod_store import PodStore
 from webhook.kube.watch.records import (
     CSIDriverRecord,
     NodeRecord,
@@ -68,10 +69,6 @@ def _attached_key(record: VolumeAttachmentRecord) -> tuple[str, str] | None:
 
 def _error_key(record: VolumeAttachmentRecord) -> tuple[str, str] | None:
     return (record.node, record.driver) if record.error is not None else None
-
-
-def _pod_node_key(record: PodRecord) -> str:
-    return record.node
 
 
 class KubernetesClusterView:
@@ -176,7 +173,7 @@ class KubernetesClusterView:
                         "pods",
                         f"/api/v1/namespaces/{namespace}/pods",
                         parse_pod,
-                        Store("pods", {"node": _pod_node_key}),
+                        PodStore("pods"),
                         selector=selector or None,
                         name=f"pods-{namespace}-{selector}" if selector else f"pods-{namespace}",
                     )
@@ -295,16 +292,25 @@ class KubernetesClusterView:
         return None if record is None else record.update_period
 
     def driver_version(self, node: str, driver: str) -> str | None:
-        """Version of ``driver`` on ``node`` from its ``pod`` version source: the lowest SemVer among the Running
-        pods of the source on that node (image tag of the named container, or the named label); None when no
-        source is configured for the driver, no Running pod reports a parsable version, or the cache is unknown."""
+        """Version of ``driver`` on ``node`` from its ``pod`` version source: the lowest SemVer among the source's
+        DaemonSet-controlled pods bound to that node, in any phase (image tag of the named container in the pod
+        spec, or the named label; never a mirror pod, never status). When the node has none now, the version of its
+        last pod that left the cache (a node may delete its own pods: :mod:`webhook.kube.watch.pod_store`). None
+        when no source is configured for the driver, no such pod reports a parsable version, or the cache is
+        unknown."""
         entry = self._pod_sources.get(driver)
         if entry is None:
             return None
         source, reflector = entry
         pods = self._bucket(reflector, "node", node)
-        if not pods:
+        if pods is None:
             return None
+        if not pods:  # none now: the node's last pod, if it deleted it (until the DaemonSet's replacement appears)
+            store = reflector.store
+            available, departed = store.departed(node, self._budget) if isinstance(store, PodStore) else (True, None)
+            if not available:
+                metrics.CACHE_LOOKUP_TIMEOUTS.labels(reflector.kind).inc()
+            return departed.version(source) if departed is not None else None
         versions = [v for v in (pod.version(source) for pod in pods.values()) if v]
         return lowest_version(versions)
 
