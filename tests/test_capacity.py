@@ -70,14 +70,15 @@ def test_rows_carry_count_ceiling_usage_and_sort_by_least_headroom(policy: Any) 
         [],
         policy=policy, now=NOW, keys=KEYS,
     )
-    assert [(r.node, r.headroom) for r in report.rows] == [("a", 18), ("b", 29), ("c", None)]
+    # Headroom from the effective allowed count: b's 30 counts as its ceiling 27, c's unbounded as its ceiling.
+    assert [(r.node, r.headroom) for r in report.rows] == [("a", 18), ("b", 26), ("c", 27)]
     a, b, c = report.rows
     assert (a.count, a.attached, a.accepted, a.state, a.writer_version) == (20, 2, 20, "verified", "v1.37.0")
     assert a.ceiling == 128
     assert a.ceiling_why == "node.kubernetes.io/instance-type=m7i.48xlarge (profile ebs.csi.aws.com)"
     assert b.ceiling == 27 and b.over_ceiling and b.state == "none"
     assert c.count is None and not c.bounded and c.over_ceiling and c.ceiling_why.endswith("(Node not found)")
-    assert report.summary.line() == ("3 nodes, 1 drivers, 3 entries: 0 frozen, 2 over ceiling, headroom 47 "
+    assert report.summary.line() == ("3 nodes, 1 drivers, 3 entries: 0 frozen, 2 over ceiling, headroom 71 "
                                      "(1 unbounded), 3 attached, 0 pods pending on volume limits")
 
 

@@ -17,6 +17,23 @@ def main() -> None:
     """
 
 
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="kubectl csinode-guard")
+def kubectl_plugin() -> None:
+    """csinode-guard as a kubectl plugin: the commands an operator runs next to kubectl.
+
+    Installed as kubectl-csinode_guard (kubectl and krew turn the underscore into a dash), so that kubectl finds it
+    on PATH: kubectl csinode-guard status|preflight|restore. Give --kubeconfig and --context after the command
+    (kubectl passes everything after the plugin name on); $KUBECONFIG and ~/.kube/config are found as kubectl finds
+    them.
+    """
+
+
+def kubectl_plugin_main() -> None:
+    """The ``kubectl-csinode_guard`` console script: :func:`kubectl_plugin`, named as kubectl shows it."""
+    kubectl_plugin(prog_name="kubectl csinode-guard")
+
+
 def _register_commands() -> None:
     from webhook.commands import (  # noqa: PLC0415
         audit,
@@ -42,6 +59,8 @@ def _register_commands() -> None:
     main.add_command(restore.restore)
     main.add_command(preflight.preflight)
     main.add_command(status.status)
+    for command in (status.status, preflight.preflight, restore.restore):
+        kubectl_plugin.add_command(command)
 
 
 _register_commands()

@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from deploy_helpers import DEPLOY, KUSTOMIZATIONS, Objects, generate_certs, kustomize, require_tool
+from deploy_helpers import DEPLOY, KUSTOMIZATIONS, Objects, kustomize, require_tool
 
 
 @pytest.fixture(scope="session")
@@ -29,10 +29,9 @@ def promtool() -> str:
 
 @pytest.fixture(scope="session")
 def deploy_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of deploy/ with certificates generated into overlays/default/certs, as after the documented setup."""
+    """A copy of deploy/ as a fresh clone has it: no certificate or key anywhere (nothing to run first)."""
     root = tmp_path_factory.mktemp("deploy") / "deploy"
-    shutil.copytree(DEPLOY, root, ignore=shutil.ignore_patterns("*.crt", "*.key"))
-    generate_certs(root / "overlays" / "default" / "certs")
+    shutil.copytree(DEPLOY, root, ignore=shutil.ignore_patterns("*.crt", "*.key", "certs"))
     return root
 
 

@@ -48,13 +48,6 @@ def require_tool(name: str, env_var: str, works: list[str]) -> str:
     pytest.skip(problem)
 
 
-def generate_certs(cert_dir: Path) -> None:
-    """What an operator does before applying overlays/default (webhook.serving.dev_certs: `certs generate`)."""
-    from webhook.serving import dev_certs, tls  # noqa: PLC0415 - only needed where certificates are made
-
-    dev_certs.ensure_dev_certs(cert_dir, dns_names=tls.DEFAULT_DNS_NAMES)
-
-
 def kustomize(kubectl: str, directory: Path) -> Objects:
     """``kubectl kustomize DIRECTORY`` parsed into objects; fails the test with kustomize's message."""
     result = subprocess.run(

@@ -73,3 +73,37 @@ def test_paths_named_in_the_runbook_exist() -> None:
 )
 def test_the_runbook_states(fact: str) -> None:
     assert fact in RUNBOOK.read_text("utf-8")
+
+
+def _sections() -> list[str]:
+    """The runbook's ``## `` headings, outside code blocks."""
+    in_code = False
+    sections = []
+    for line in RUNBOOK.read_text("utf-8").splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        elif not in_code and line.startswith("## "):
+            sections.append(line[3:])
+    return sections
+
+
+def test_the_runbook_is_final_and_its_contents_list_every_section() -> None:
+    text = RUNBOOK.read_text("utf-8")
+    title = text.splitlines()[0]
+    assert "draft" not in title.lower(), title
+    contents = text[text.index("Contents:"):text.index("\n\n", text.index("Contents:"))]
+    linked = set(re.findall(r"\]\(#([\w-]+)\)", contents))
+    missing = [s for s in _sections() if _anchor(s) not in linked]
+    assert not missing, f"not in the contents: {missing}"
+    assert "rolling-back" in linked
+
+
+def test_the_runbook_documents_the_out_of_cluster_setup() -> None:
+    text = RUNBOOK.read_text("utf-8")
+    section = text[text.index("## Running the guard outside the cluster"):]
+    section = section[:section.index("\n## ", 1)]
+    commands = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert commands is not None
+    block = commands.group(1).replace("\\\n", " ")
+    assert re.search(r"csinode-guard serve .*--kubeconfig", block)
+    assert re.search(r"csinode-guard register --url https://", block)

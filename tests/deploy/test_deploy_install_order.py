@@ -1,9 +1,10 @@
-"""The documented install never refuses a write on the way in: run docs/operations.md's commands on a real
-apiserver (../shared/k8s) and check that no webhook configuration exists before the state key does.
+"""The documented installs work on a real apiserver (../shared/k8s): the one-step ``kubectl apply -k deploy/``
+of a fresh checkout, and the two-step order that refuses no write on the way in.
 
 Webhook configurations with ``failurePolicy: Fail`` that exist before a replica is ready make the apiserver
 refuse every count increase (no endpoint answers). No kubelet runs pods here, so ``rollout status`` is the one
-command not run; the check is that the configurations come only after it, and only after the state key.
+command not run; the check is that the configurations come only after it. (What a replica does at start, the
+Secrets and the caBundle, is tests/k8s/test_install.py.)
 """
 
 from __future__ import annotations
@@ -77,7 +78,7 @@ def test_deploy_is_the_default_overlay(kubectl: str, deploy_copy: Path) -> None:
     assert kustomize(kubectl, deploy_copy) == kustomize(kubectl, deploy_copy / "overlays" / "default")
 
 
-def test_the_documented_install_creates_the_webhooks_only_after_the_state_key_and_the_rollout(
+def test_the_two_step_install_creates_the_webhooks_only_after_the_rollout(
     kubectl: str, cluster: dict[str, str], tmp_path: Path
 ) -> None:
     work = tmp_path / "checkout"
@@ -92,7 +93,7 @@ def test_the_documented_install_creates_the_webhooks_only_after_the_state_key_an
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
     env["PYTHONPATH"] = str(REPO)
 
-    commands = _install_commands("### With the guard's own certificates")
+    commands = _install_commands("To have nothing refused on the way in")
     assert any("rollout status" in c for c in commands)
     rolled_out = False
     for command in commands:
@@ -107,9 +108,6 @@ def test_the_documented_install_creates_the_webhooks_only_after_the_state_key_an
             if _kubectl_json(kubectl, env, "get", kind, "-l", WEBHOOK_LABEL)["items"]
         ]
         if webhooks:
-            secrets = _kubectl_json(kubectl, env, "-n", "csinode-guard", "get", "secrets")["items"]
-            names = {s["metadata"]["name"] for s in secrets}  # type: ignore[attr-defined,index]
-            assert "csinode-guard-state-key" in names, f"{webhooks} exist before the state key, after: {command}"
             assert rolled_out, f"{webhooks} exist before the rollout finished, after: {command}"
     deployment = _kubectl_json(kubectl, env, "-n", "csinode-guard", "get", "deployment", "csinode-guard")
     assert deployment["kind"] == "Deployment"
@@ -117,15 +115,33 @@ def test_the_documented_install_creates_the_webhooks_only_after_the_state_key_an
         assert _kubectl_json(kubectl, env, "get", kind, "csinode-guard")["kind"]
 
 
-def test_a_replica_cannot_run_without_the_state_key_secret(kubectl: str, deploy_copy: Path) -> None:
-    """The pod waits in ContainerCreating until the Secret exists (a required Secret volume), and the server it
-    runs is given that file (without it, ``serve`` exits 2: tests/test_state_key_operations.py)."""
+def test_the_one_step_install_of_a_fresh_checkout_is_accepted(kubectl: str, cluster: dict[str, str],
+                                                               tmp_path: Path) -> None:
+    """The runbook's first command on a checkout with nothing generated: every object is created."""
+    work = tmp_path / "checkout"
+    work.mkdir()
+    shutil.copytree(DEPLOY, work / "deploy", ignore=shutil.ignore_patterns("*.crt", "*.key", "certs"))
+    env = {**os.environ, "KUBECONFIG": cluster["KUBECONFIG"]}
+    commands = _install_commands("### With the guard's own certificates")
+    assert commands[0] == "kubectl apply -k deploy/"
+    result = subprocess.run([kubectl, "apply", "-k", "deploy/"], cwd=work, env=env, capture_output=True,
+                            text=True, timeout=180, check=False)
+    assert result.returncode == 0, result.stderr
+    for kind, name in (("deployment", "csinode-guard"), ("role", "csinode-guard-secrets"),
+                       ("mutatingwebhookconfiguration", "csinode-guard"),
+                       ("validatingwebhookconfiguration", "csinode-guard")):
+        assert _kubectl_json(kubectl, env, "-n", "csinode-guard", "get", kind, name)["kind"]
+
+
+def test_a_replica_serves_only_with_the_state_key_from_its_secret(kubectl: str, deploy_copy: Path) -> None:
+    """The server is given the state key file it copies from the Secret it names (without that file ``serve``
+    exits 2: tests/test_state_key_operations.py)."""
     objects = kustomize(kubectl, deploy_copy)
     [deployment] = [o for o in objects if o["kind"] == "Deployment"]
     pod = deployment["spec"]["template"]["spec"]
-    [volume] = [v for v in pod["volumes"] if v.get("secret", {}).get("secretName") == "csinode-guard-state-key"]
-    assert volume["secret"].get("optional", False) is False
     [container] = pod["containers"]
-    [mount] = [m for m in container["volumeMounts"] if m["name"] == volume["name"]]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["CSINODE_GUARD_STATE_KEY_SECRET"] == "csinode-guard-state-key"
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "state-key"]
     args = container["args"]
     assert args[args.index("--state-key-file") + 1] == f"{mount['mountPath']}/key"

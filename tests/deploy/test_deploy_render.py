@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import shutil
 import subprocess
 from pathlib import Path
@@ -66,15 +65,19 @@ def test_base_holds_every_object_an_installation_needs(rendered: dict[str, Objec
     assert [k for k in kinds if k[0] != "ConfigMap"] == [
         ("ClusterRole", "csinode-guard"),
         ("ClusterRole", "csinode-guard-approver"),
+        ("ClusterRole", "csinode-guard-ca-injector"),
         ("ClusterRole", "csinode-guard-registrar"),
         ("ClusterRoleBinding", "csinode-guard"),
+        ("ClusterRoleBinding", "csinode-guard-ca-injector"),
         ("Deployment", NAME),
         ("MutatingWebhookConfiguration", NAME),
         ("Namespace", NAMESPACE),
         ("NetworkPolicy", NAME),
         ("PodDisruptionBudget", NAME),
         ("Role", "csinode-guard-driver-pods"),
+        ("Role", "csinode-guard-secrets"),
         ("RoleBinding", "csinode-guard-driver-pods"),
+        ("RoleBinding", "csinode-guard-secrets"),
         ("Service", NAME),
         ("ServiceAccount", NAME),
         ("ValidatingWebhookConfiguration", NAME),
@@ -91,7 +94,7 @@ def test_every_object_carries_the_name_label_and_an_explicit_namespace(
         assert meta.get("labels", {}).get("app.kubernetes.io/name") == NAME, where
         if obj["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in meta, where
-        elif obj["kind"] in ("Role", "RoleBinding"):
+        elif obj["kind"] in ("Role", "RoleBinding") and meta["name"] == "csinode-guard-driver-pods":
             assert meta["namespace"] == "kube-system", where
         else:
             assert meta["namespace"] == NAMESPACE, where
@@ -102,6 +105,13 @@ def test_the_container_runs_the_documented_serve_command(rendered: dict[str, Obj
     assert container["image"] == "csinode-guard:0.1.0"
     assert container["command"] == ["csinode-guard"]
     assert container["args"] == SERVE_ARGS
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env == {
+        "CSINODE_GUARD_TLS_SECRET": "csinode-guard-tls",
+        "CSINODE_GUARD_INJECT_CA_BUNDLE": NAME,
+        "CSINODE_GUARD_STATE_KEY_SECRET": "csinode-guard-state-key",
+        "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    }
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"https": 8443, "metrics": 9090}
 
 
@@ -154,16 +164,28 @@ def test_volumes_match_the_paths_in_the_serve_command(rendered: dict[str, Object
     objects = rendered["base"]
     volumes = {v["name"]: v for v in _pod_spec(objects)["volumes"]}
     mounts = {m["mountPath"]: m for m in _container(objects)["volumeMounts"]}
-    certs = volumes[mounts["/etc/csinode-guard/certs"]["name"]]
-    assert certs["secret"]["secretName"] == "csinode-guard-tls"
-    assert "subPath" not in mounts["/etc/csinode-guard/certs"], "subPath mounts never see a renewed Secret"
+    written = ("/etc/csinode-guard/certs", "/etc/csinode-guard/state-key", "/tmp")
+    for path in written:  # the guard copies its Secrets there: in memory, never on the node's disk
+        assert volumes[mounts[path]["name"]]["emptyDir"]["medium"] == "Memory", path
     policy = volumes[mounts["/etc/csinode-guard/policy"]["name"]]
     assert policy["configMap"]["name"] == find(objects, "ConfigMap")["metadata"]["name"]
-    state_key = volumes[mounts["/etc/csinode-guard/state-key"]["name"]]
-    assert state_key["secret"]["secretName"] == "csinode-guard-state-key"
-    tmp = volumes[mounts["/tmp"]["name"]]
-    assert "emptyDir" in tmp
-    assert all(m.get("readOnly") for path, m in mounts.items() if path != "/tmp")
+    assert all(m.get("readOnly") for path, m in mounts.items() if path not in written)
+    assert not any(v.get("secret") for v in volumes.values()), "no Secret the install must make first"
+
+
+def test_the_cert_manager_overlay_mounts_its_secret_and_turns_the_guards_own_certificate_off(
+    rendered: dict[str, Objects]
+) -> None:
+    objects = rendered["overlays/cert-manager"]
+    volumes = {v["name"]: v for v in _pod_spec(objects)["volumes"]}
+    mounts = {m["mountPath"]: m for m in _container(objects)["volumeMounts"]}
+    certs = volumes[mounts["/etc/csinode-guard/certs"]["name"]]
+    assert certs == {"name": "certs", "secret": {"secretName": "csinode-guard-tls", "defaultMode": 0o440}}
+    assert mounts["/etc/csinode-guard/certs"]["readOnly"] is True
+    assert "subPath" not in mounts["/etc/csinode-guard/certs"], "subPath mounts never see a renewed Secret"
+    env = {e["name"]: e.get("value") for e in _container(objects)["env"]}
+    assert env["CSINODE_GUARD_TLS_SECRET"] == env["CSINODE_GUARD_INJECT_CA_BUNDLE"] == ""
+    assert env["CSINODE_GUARD_STATE_KEY_SECRET"] == "csinode-guard-state-key"
 
 
 def test_the_service_maps_443_to_the_webhook_port_and_exposes_metrics(rendered: dict[str, Objects]) -> None:
@@ -189,8 +211,9 @@ def test_the_network_policy_opens_the_webhook_port_and_keeps_metrics_for_monitor
     assert peer["namespaceSelector"]["matchLabels"] == {"csinode-guard.io/scrape-metrics": "true"}
 
 
-def _grants(objects: Objects) -> set[tuple[str, str, str, str]]:
-    """(namespace or '*', apiGroup, resource, verb) granted to the guard's ServiceAccount."""
+def _grants(objects: Objects, *, by_name: bool = False) -> set[tuple[str, str, str, str]]:
+    """(namespace or '*', apiGroup, resource, verb) granted to the guard's ServiceAccount; with ``by_name``, only
+    the grants limited to named objects (resource ``<resource>/<name>``), else only the unlimited ones."""
     subject = {"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}
     grants = set()
     for binding in objects:
@@ -202,11 +225,14 @@ def _grants(objects: Objects) -> set[tuple[str, str, str, str]]:
         if ref["kind"] == "Role":
             assert role["metadata"]["namespace"] == scope
         for rule in role["rules"]:
-            assert "resourceNames" not in rule and "nonResourceURLs" not in rule
+            assert "nonResourceURLs" not in rule
+            if ("resourceNames" in rule) != by_name:
+                continue
             for group in rule["apiGroups"]:
                 for resource in rule["resources"]:
                     for verb in rule["verbs"]:
-                        grants.add((scope, group, resource, verb))
+                        for name in rule.get("resourceNames", [""]):
+                            grants.add((scope, group, f"{resource}/{name}" if by_name else resource, verb))
     return grants
 
 
@@ -217,8 +243,22 @@ def test_the_guard_can_only_read_what_its_cluster_view_needs(rendered: dict[str,
         | {("*", "storage.k8s.io", "csidrivers", verb) for verb in read}
         | {("*", "storage.k8s.io", "volumeattachments", verb) for verb in read}
         | {("kube-system", "", "pods", verb) for verb in read}
+        # RBAC cannot limit a create by name: the guard may create Secrets in its own namespace, nothing else.
+        | {(NAMESPACE, "", "secrets", "create")}
     )
     assert _grants(rendered["base"]) == expected
+
+
+def test_the_guard_keeps_only_its_own_secrets_and_webhook_configurations(rendered: dict[str, Objects]) -> None:
+    keep = ("get", "update", "patch")
+    group = "admissionregistration.k8s.io"
+    expected = (
+        {(NAMESPACE, "", f"secrets/{name}", verb) for name in ("csinode-guard-tls", "csinode-guard-state-key")
+         for verb in keep}
+        | {("*", group, f"{kind}/{NAME}", verb) for verb in keep
+           for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")}
+    )
+    assert _grants(rendered["base"], by_name=True) == expected
 
 
 def test_the_people_roles_are_bound_to_nobody(rendered: dict[str, Objects]) -> None:
@@ -254,31 +294,23 @@ def test_the_shipped_policy_loads() -> None:
 
 
 def test_no_key_material_is_committed_under_deploy() -> None:
-    generated = DEPLOY / "overlays" / "default" / "certs"
     for path in DEPLOY.rglob("*"):
-        if path.is_file() and (path.parent != generated or path.name in (".gitignore", "README.md")):
+        if path.is_file():
             text = path.read_text("utf-8", errors="replace")
             assert "PRIVATE KEY" not in text, path
-    ignore = (DEPLOY / "overlays" / "default" / "certs" / ".gitignore").read_text("utf-8").splitlines()
-    assert "*" in ignore
+            assert "BEGIN CERTIFICATE" not in text, path
 
 
-def test_the_default_overlay_wires_the_generated_certificates(rendered: dict[str, Objects], deploy_copy: Path) -> None:
+def test_the_default_installation_ships_no_secret_and_leaves_ca_bundle_to_the_guard(
+    rendered: dict[str, Objects]
+) -> None:
     objects = rendered["overlays/default"]
-    certs = deploy_copy / "overlays" / "default" / "certs"
-    secrets = [o for o in objects if o["kind"] == "Secret"]
-    assert [s["metadata"]["name"] for s in secrets] == ["csinode-guard-tls"], "the CA bundle carrier must not ship"
-    (secret,) = secrets
-    assert secret["type"] == "kubernetes.io/tls"
-    assert set(secret["data"]) == {"tls.crt", "tls.key", "ca.crt"}, "ca.key never leaves the cert dir"
-    for key, value in secret["data"].items():
-        assert base64.b64decode(value) == (certs / key).read_bytes(), key
-    bundle = (certs / "ca-bundle.crt").read_bytes()
+    assert not [o for o in objects if o["kind"] == "Secret"], "the guard makes its Secrets itself"
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         webhooks = find(objects, kind, NAME)["webhooks"]
         assert len(webhooks) == 2, kind
         for webhook in webhooks:
-            assert base64.b64decode(webhook["clientConfig"]["caBundle"]) == bundle, webhook["name"]
+            assert "caBundle" not in webhook["clientConfig"], webhook["name"]
 
 
 def test_the_cert_manager_overlay_injects_the_ca_of_the_mounted_certificate(rendered: dict[str, Objects]) -> None:
@@ -359,18 +391,25 @@ def test_the_documented_state_key_generator_feeds_the_deployment(kubectl: str, t
     objects = kustomize(kubectl, overlay)
     secret = find(objects, "Secret", "csinode-guard-state-key")
     assert set(secret["data"]) == {"key"}
-    volumes = {v["name"]: v for v in _pod_spec(objects)["volumes"]}
-    assert volumes["state-key"]["secret"]["secretName"] == "csinode-guard-state-key"
+    env = {e["name"]: e.get("value") for e in _container(objects)["env"]}
+    assert env["CSINODE_GUARD_STATE_KEY_SECRET"] == secret["metadata"]["name"], "the guard reads this Secret"
 
 
-def test_the_default_overlay_refuses_to_render_without_certificates(kubectl: str, tmp_path: Path) -> None:
-    root = tmp_path / "deploy"
-    shutil.copytree(DEPLOY, root, ignore=shutil.ignore_patterns("*.crt", "*.key"))
-    result = subprocess.run(
-        [kubectl, "kustomize", str(root / "overlays" / "default")], capture_output=True, text=True, check=False
-    )
-    assert result.returncode != 0
-    assert "tls.crt" in result.stderr
+def test_a_fresh_clone_renders_with_no_prior_step(kubectl: str, tmp_path: Path) -> None:
+    """What a clone holds of deploy/ (the files git tracks or would add; nothing git-ignored) renders as it is."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "--cached", "--others", "--exclude-standard",
+                             "deploy"], check=True, capture_output=True, text=True, timeout=60).stdout.split()
+    assert "deploy/kustomization.yaml" in listed
+    root = tmp_path / "clone"
+    for name in listed:
+        if (REPO / name).is_file():
+            (root / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(REPO / name, root / name)
+    result = subprocess.run([kubectl, "kustomize", str(root / "deploy")], capture_output=True, text=True,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(result.stdout) if doc}
+    assert {"Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} <= kinds
 
 
 def test_the_documented_policy_override_replaces_the_configmap(kubectl: str, tmp_path: Path) -> None:

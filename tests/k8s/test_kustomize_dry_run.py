@@ -31,12 +31,9 @@ CRD_KINDS = {
 
 @pytest.fixture(scope="module")
 def deploy_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """deploy/ with overlays/default/certs generated, as after the documented `certs generate`."""
-    from webhook.serving import dev_certs, tls  # noqa: PLC0415
-
+    """deploy/ as a fresh clone has it (no certificate to make first)."""
     root = tmp_path_factory.mktemp("deploy") / "deploy"
-    shutil.copytree(REPO / "deploy", root, ignore=shutil.ignore_patterns("*.crt", "*.key"))
-    dev_certs.ensure_dev_certs(root / "overlays" / "default" / "certs", dns_names=tls.DEFAULT_DNS_NAMES)
+    shutil.copytree(REPO / "deploy", root, ignore=shutil.ignore_patterns("*.crt", "*.key", "certs"))
     return root
 
 

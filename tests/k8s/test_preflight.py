@@ -192,3 +192,79 @@ def test_a_guard_behind_a_service_is_checked_through_its_tls_secret_and_deployme
     assert replicas["status"] == "FAIL" and replicas["checked"] == "0/2 replicas ready"  # no controller runs here
     assert f"kubectl -n {namespace} describe deployment csinode-guard" in replicas["action"]
     assert result.returncode == 2
+
+
+def test_during_the_install_the_deployment_is_found_before_the_webhooks_exist(control_plane: ControlPlane) -> None:
+    """The documented order applies the webhook configurations last: preflight reads the Deployment directly."""
+    namespace, name = unique("install-ns"), unique("guard")
+    control_plane.kubectl("create", "namespace", namespace)
+    deployment = {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "g"}},
+                 "template": {"metadata": {"labels": {"app": "g"}},
+                              "spec": {"containers": [{"name": "g", "image": "csinode-guard:0.1.0"}]}}},
+    }
+    control_plane.kubectl("create", "-f", "-", input=json.dumps(deployment))
+    try:
+        found = rows(preflight(control_plane, "-o", "json", "--name", unique("not-registered"),
+                               "--namespace", namespace, "--deployment", name, "--scheduler-version", "v1.36.2"))
+        missing = rows(preflight(control_plane, "-o", "json", "--name", unique("not-registered"),
+                                 "--namespace", namespace, "--deployment", "other", "--scheduler-version", "v1.36.2"))
+    finally:
+        control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+    [replicas] = [c for c in found if c["component"] == "guard Deployment"]
+    assert replicas["checked"] == "0/2 replicas ready", replicas
+    assert f"kubectl -n {namespace} describe deployment {name}" in replicas["action"]
+    [absent] = [c for c in missing if c["component"] == "guard Deployment"]
+    assert absent["status"] == "WARN" and absent["checked"] == f"deployment {namespace}/other not found"
+    assert "deploy/overlays/default" not in absent["action"]
+
+
+def _table_cells(table: str) -> list[tuple[str, str, str]]:
+    """(component, CHECKED, ACTION) per check of a wrapped table, continuation lines (no STATUS) joined, sliced at
+    the header's column starts."""
+    lines = table.splitlines()
+    header = lines[0]
+    starts = [header.index(word) for word in ("STATUS", "CHECKED", "ACTION")]
+    cells: list[list[str]] = []
+    for line in lines[1:]:
+        if not line.strip():
+            break
+        component, status = line[:starts[0]].strip(), line[starts[0]:starts[1]].strip()
+        checked, action = line[starts[1]:starts[2]].strip(), line[starts[2]:].strip()
+        if status:
+            cells.append([component, checked, action])
+        else:
+            for index, text in ((0, component), (1, checked), (2, action)):
+                cells[-1][index] += " " + text if text else ""
+    return [(c[0].strip(), c[1].strip(), c[2].strip()) for c in cells]
+
+
+def test_the_table_fits_the_terminal_and_json_and_wide_keep_the_whole_text(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    absent = unique("absent")
+
+    def run(*args: str, columns: int = 80) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "webhook", "preflight", "--scheduler-version", "v1.36.2", "--name", absent, *args],
+            env={**os.environ, "KUBECONFIG": str(control_plane.kubeconfig), "COLUMNS": str(columns)},
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+
+    checks = rows(run("-o", "json"))
+    longest = max(len(c["checked"]) for c in checks)
+    assert longest > 60, "a check long enough to need wrapping"
+    for columns in (80, 120):
+        table = run(columns=columns).stdout
+        assert max(len(line) for line in table.splitlines()) <= columns, table
+        cells = _table_cells(table)
+        assert ["".join(c[0].split()) for c in cells] == ["".join(c["component"].split()) for c in checks]
+        for (_, checked, action), check in zip(cells, checks, strict=True):
+            assert checked.split() == check["checked"].split() or "".join(checked.split()) == "".join(
+                check["checked"].split()), (checked, check["checked"])
+            assert "".join(action.split()) == "".join((check["action"] or "-").split())
+            assert "..." not in checked or "..." in check["checked"]
+    wide = run("-o", "wide").stdout.splitlines()
+    for check in checks:
+        assert any(check["checked"] in line for line in wide), check["checked"]

@@ -140,3 +140,18 @@ def test_pods_the_real_scheduler_leaves_pending_on_volume_limits_are_counted(con
     finally:
         control_plane.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         control_plane.kubectl("delete", "pv", f"{namespace}-pv-0", f"{namespace}-pv-1", "--wait=false", check=False)
+
+
+def test_headroom_is_never_above_the_ceiling(control_plane: ControlPlane) -> None:
+    """A count stored above its ceiling (written while no guard was registered) gives headroom from the ceiling."""
+    node = unique("over")
+    pool = unique("pool")
+    control_plane.create_node(node, {"node.kubernetes.io/instance-type": "m5.large", "pool": pool})
+    control_plane.kubelet(node, "install", "--driver", EBS, "--node-id", f"i-{node}", "--max-volumes", "39")
+    volume_attachment(control_plane, node, {"attached": True})
+    [row] = entries(status(control_plane, "-o", "json", "--node", node))
+    assert (row["allocatableCount"], row["ceiling"], row["overCeiling"]) == (39, 27, True)
+    assert row["headroom"] == 26, "27 allowed minus 1 attached, not 39 - 1"
+    table = status(control_plane, "--selector", f"pool={pool}").stdout.splitlines()
+    assert "headroom 26 " in table[0]
+    assert table[2].split()[:6] == [node, EBS, "39", "27", "1", "26"]

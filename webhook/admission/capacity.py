@@ -11,8 +11,9 @@ here talks to the API. For every ``spec.drivers[]`` entry of every CSINode (matc
 - the ceiling the policy applies to that node and why (:meth:`webhook.admission.policy.Ceiling.resolve` on the Node's
   labels: instance type, profile, driver ceiling);
 - ``attached``: VolumeAttachments for (``spec.nodeName``, ``spec.attacher``) with ``status.attached: true``;
-- ``headroom``: the reported count minus attached volumes (what the scheduler may still place; None when
-  unbounded);
+- ``headroom``: the effective allowed count minus attached volumes: the reported count, but never more than the
+  ceiling the policy applies (a count stored above it, e.g. while the guard was down, is no capacity the guard
+  stands behind); None when unbounded and without a ceiling;
 - ``pending``: Pods Pending as Unschedulable on volume limits, nominated to that node (the scheduler names no
   node for an unschedulable pod otherwise; the cluster-wide number is in the summary);
 - recent attach errors (``status.attachError.time`` within a window) by
@@ -368,13 +369,19 @@ def _row(
         ceiling=ceiling,
         ceiling_why=why,
         attached=used,
-        headroom=count - used if bounded and count is not None else None,
+        headroom=_headroom(count if bounded else None, ceiling, used),
         pending=pending_by_node.get(node, 0),
         attach_errors=dict(errors.get((node, driver), Counter())),
         frozen_until=frozen,
         corrected_until=corrected_until,
         correction=correction,
     )
+
+
+def _headroom(count: int | None, ceiling: int | None, attached: int) -> int | None:
+    """min(count, ceiling) minus ``attached``; None (unbounded) counts as no limit, and None when both are."""
+    limits = [v for v in (count, ceiling) if v is not None]
+    return min(limits) - attached if limits else None
 
 
 def _ago(when: datetime | None, now: datetime) -> str:

@@ -59,10 +59,10 @@ def evaluate_command(review_file: BinaryIO, policy: Path | None, now_text: str |
                      state_key_file: Path | None, cluster_facts: Path | None) -> None:
     """Print the AdmissionReview response for REVIEW, and one line per rule explaining its outcome.
 
-    Standard output carries only the response (JSON, so ``evaluate ... | jq`` works); the explanation lines
-    (``# decision: ...``, one per rule, the patch) go to standard error.
+    Standard output carries only the response (JSON, so 'evaluate ... | jq' works); the explanation lines
+    ('# decision: ...', one per rule, the patch) go to standard error.
     Exit code 0 when the write is allowed, 1 when denied, 2 for unusable input (review, policy, facts, key).
-    ``--now`` without a UTC offset is taken as UTC.
+    --now without a UTC offset is taken as UTC.
     """
     name = getattr(review_file, "name", "-")
     try:

@@ -116,8 +116,8 @@ def test(paths: tuple[Path, ...], policy_path: Path | None, output: str, output_
 
 
 @policy.command("export")
-@click.option("--format", "export_format", type=click.Choice(["vap"]), required=True,
-              help="vap: a ValidatingAdmissionPolicy + ValidatingAdmissionPolicyBinding "
+@click.option("--format", "export_format", type=click.Choice(["vap"]), default="vap",
+              show_default=True, help="vap: a ValidatingAdmissionPolicy + ValidatingAdmissionPolicyBinding "
               "(admissionregistration.k8s.io/v1) enforcing the history-free part of the policy.")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="The policy to export (default: the bundled default policy).")

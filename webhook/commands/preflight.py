@@ -4,6 +4,7 @@ it (:mod:`webhook.kube.preflight`); exit code 0 / 1 / 2 for OK / WARN / FAIL, 3 
 from __future__ import annotations
 
 import json
+import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import click
 from webhook.admission.policy import PolicyError, load_policy
 from webhook.commands.options import cluster_options, connect
 from webhook.kube import kubeapi
-from webhook.kube.preflight import exit_code, format_checks, run_checks
+from webhook.kube.preflight import TABLE_WIDTH, exit_code, format_checks, run_checks
 from webhook.kube.registration import CONFIGURATION_NAME
 
 EXIT_CANNOT_RUN = 3
@@ -32,10 +33,17 @@ class CannotRunError(click.ClickException):
               help="The guard's policy, for minVersion and versionSource (default: the bundled default policy).")
 @click.option("--name", "configuration_name", default=CONFIGURATION_NAME, show_default=True,
               help="metadata.name of the guard's webhook configurations (as given to register --name).")
-@click.option("--output", "-o", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--namespace", "deployment_namespace", metavar="NAMESPACE",
+              help="Namespace of the guard's Deployment (default: the Service's the webhooks call, else "
+              "csinode-guard as in deploy/).")
+@click.option("--deployment", "deployment_name", metavar="NAME",
+              help="Name of the guard's Deployment (default: the Service's name, else csinode-guard as in deploy/).")
+@click.option("--output", "-o", type=click.Choice(["table", "wide", "json"]), default="table", show_default=True,
+              help="table: wrapped to the terminal's width ($COLUMNS); wide: one line per check; json: everything.")
 @cluster_options
 def preflight(
-    *, scheduler_version: str | None, policy_path: Path | None, configuration_name: str, output: str,
+    *, scheduler_version: str | None, policy_path: Path | None, configuration_name: str,
+    deployment_namespace: str | None, deployment_name: str | None, output: str,
     kubeconfig: str | None, context: str | None,
 ) -> None:
     """Check, per component, that mutable CSINode allocatable counts (KEP-4876) will work, and what to do if not.
@@ -47,7 +55,8 @@ def preflight(
     kube-scheduler  its pods in kube-system, or --scheduler-version
     CSIDriver       nodeAllocatableUpdatePeriodSeconds set; node-plugin versions vs the policy's minVersion
     guard           webhook configurations present, caBundle verifies the serving certificate (TLS
-                    handshake, else Secret csinode-guard-tls), matchConditions, failurePolicy, ready replicas
+                    handshake, else Secret csinode-guard-tls), matchConditions, failurePolicy; the
+                    Deployment's ready replicas (read directly: also before the webhooks exist)
 
     Exit code: 0 all OK, 1 some WARN, 2 some FAIL, 3 the cluster could not be read. Needs get/list on those
     objects and update on csinodes (the probe is a dry run: nothing is stored).
@@ -62,7 +71,8 @@ def preflight(
     try:
         with client:
             facts = gather_facts(client, policy, now=datetime.now(UTC), scheduler_version=scheduler_version,
-                                 configuration_name=configuration_name)
+                                 configuration_name=configuration_name,
+                                 deployment_namespace=deployment_namespace, deployment_name=deployment_name)
     except kubeapi.ApiUnreachableError as exc:
         raise CannotRunError(f"no answer from the API server: {exc}") from None
     if facts.server_version is None and facts.errors.get("CSINode"):
@@ -71,5 +81,6 @@ def preflight(
     if output == "json":
         click.echo(json.dumps({"checks": [c.to_json() for c in checks], "exitCode": exit_code(checks)}, indent=2))
     else:
-        click.echo(format_checks(checks), nl=False)
+        width = None if output == "wide" else shutil.get_terminal_size((TABLE_WIDTH, 24)).columns
+        click.echo(format_checks(checks, width), nl=False)
     raise SystemExit(exit_code(checks))

@@ -185,8 +185,8 @@ def register(
 
     \b
     Example:
-      csinode-guard register --cert-dir deploy/overlays/default/certs --dry-run
-      csinode-guard register --cert-dir deploy/overlays/default/certs
+      csinode-guard register --url https://10.0.0.5:8443 --cert-dir certs --dry-run
+      csinode-guard register --url https://10.0.0.5:8443 --cert-dir certs
     """
     if url is not None:
         if service is not None or namespace is not None or service_port is not None:

@@ -60,6 +60,17 @@ def _env(name: str) -> str:
               help="Seconds a cache may go without its watch before it counts as unknown.")
 @click.option("--cache-sync-timeout", default=30.0, show_default=True, type=click.FloatRange(0),
               envvar=_env("CACHE_SYNC_TIMEOUT"), help="Seconds until /readyz reports ready in degraded mode.")
+@click.option("--tls-secret", envvar=_env("TLS_SECRET"),
+              help="Keep the serving certificate in this Secret: made (with its CA) when absent, copied into "
+              "--cert-dir, renewed 30 days before expiry; replicas agree on one (deploy/: csinode-guard-tls).")
+@click.option("--state-key-secret", envvar=_env("STATE_KEY_SECRET"),
+              help="Keep the state key in this Secret (key 'key'): one random key made when absent, copied to "
+              "--state-key-file (deploy/: csinode-guard-state-key).")
+@click.option("--inject-ca-bundle", envvar=_env("INJECT_CA_BUNDLE"), metavar="NAME",
+              help="Keep caBundle of the Mutating- and ValidatingWebhookConfiguration NAME on the --tls-secret "
+              "CA (deploy/: csinode-guard).")
+@click.option("--namespace", envvar=["CSINODE_GUARD_NAMESPACE", "POD_NAMESPACE"],
+              help="Namespace of those Secrets (default: the pod's own, else csinode-guard).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]), envvar=_env("LOG_LEVEL"))
 def serve(**kwargs: Any) -> None:
@@ -89,6 +100,10 @@ def serve(**kwargs: Any) -> None:
         max_staleness=kwargs["max_staleness"],
         cache_sync_timeout=kwargs["cache_sync_timeout"],
         log_level=kwargs["log_level"],
+        tls_secret=kwargs["tls_secret"] or None,
+        state_key_secret=kwargs["state_key_secret"] or None,
+        inject_ca_bundle=kwargs["inject_ca_bundle"] or None,
+        namespace=kwargs["namespace"] or None,
     )
     from webhook.serving.workers import prepare_metrics_dir  # noqa: PLC0415
 

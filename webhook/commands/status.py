@@ -60,11 +60,11 @@ def status(
     """Show, per node and CSI driver, the reported allocatable count and what it is used for.
 
     Columns: the reported allocatable.count, the applicable ceiling (and, with -o wide, why), attached volumes
-    (VolumeAttachments with status.attached), headroom (count minus attached), the guard's last accepted count
-    and its age from its signed state, frozen or corrected entries with until-when; -o wide adds the writer
-    version, recent attach errors by class and Pods Pending on volume limits. Sorted by least headroom, with a
-    one-line cluster summary on top. Reads one LIST per kind (CSINodes, Nodes, VolumeAttachments, Pending
-    Pods); needs get/list on them.
+    (VolumeAttachments with status.attached), headroom (the count, at most its ceiling, minus attached), the
+    guard's last accepted count and its age from its signed state, frozen or corrected entries with until-when;
+    -o wide adds the writer version, recent attach errors by class and Pods Pending on volume limits. Sorted by
+    least headroom, with a one-line cluster summary on top. Reads one LIST per kind (CSINodes, Nodes,
+    VolumeAttachments, Pending Pods); needs get/list on them.
     """
     try:
         policy = load_policy(policy_path)

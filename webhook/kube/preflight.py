@@ -20,6 +20,7 @@ Kubernetes facts used:
 
 from __future__ import annotations
 
+import textwrap
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -240,22 +241,54 @@ def exit_code(checks: Sequence[Check]) -> int:
     return max((SEVERITY[c.status] for c in checks), default=0)
 
 
-TABLE_CHECKED_WIDTH = 110
-"""CHECKED is cut to this many characters in the table (``-o json`` carries the whole text)."""
+TABLE_WIDTH = 120
+"""Columns of the table when the caller gives no terminal width."""
+MIN_TEXT_WIDTH = 16
+"""The narrowest the CHECKED and ACTION columns get, however narrow the terminal."""
+_GAP = "   "
 
 
-def _cut(text: str, width: int = TABLE_CHECKED_WIDTH) -> str:
-    return text if len(text) <= width else text[: width - 3] + "..."
+def format_checks(checks: Sequence[Check], width: int | None = TABLE_WIDTH) -> str:
+    """kubectl-like columns COMPONENT, STATUS, CHECKED, ACTION, and a closing count line.
 
-
-def format_checks(checks: Sequence[Check]) -> str:
-    """kubectl-like columns COMPONENT, STATUS, CHECKED (cut to :data:`TABLE_CHECKED_WIDTH`), ACTION, and a
-    closing count line."""
-    lines = [["COMPONENT", "STATUS", "CHECKED", "ACTION"]]
-    lines += [[c.component, str(c.status), _cut(c.checked), c.action or "-"] for c in checks]
-    widths = [max(len(line[i]) for line in lines) for i in range(3)]
-    out = ["   ".join([*(line[i].ljust(widths[i]) for i in range(3)), line[3]]).rstrip() for line in lines]
+    ``width`` (the terminal's columns): CHECKED and ACTION are wrapped at word boundaries so that every line
+    fits (continuation lines leave STATUS empty; COMPONENT wraps too on a narrow terminal); no text is cut.
+    ``None`` (``-o wide``): one line per check, however long.
+    """
+    header = ["COMPONENT", "STATUS", "CHECKED", "ACTION"]
+    rows = [[c.component, str(c.status), c.checked, c.action or "-"] for c in checks]
+    longest = [max(len(r[i]) for r in [header, *rows]) for i in range(4)]
+    status_width = longest[1]
+    if width is None:
+        component_width, checked_width, action_width = longest[0], longest[2], longest[3]
+    else:
+        spare = width - status_width - 3 * len(_GAP) - 2 * MIN_TEXT_WIDTH
+        word = max(len(w) for r in rows for w in r[0].split()) if rows else MIN_TEXT_WIDTH
+        component_width = min(longest[0], max(word, min(spare, width // 3)))
+        room = max(2 * MIN_TEXT_WIDTH, width - component_width - status_width - 3 * len(_GAP))
+        action_width = min(longest[3], max(MIN_TEXT_WIDTH, room * 2 // 5))
+        checked_width = max(MIN_TEXT_WIDTH, room - action_width)
+    widths = (component_width, status_width, checked_width)
+    out = [_line(header, widths)]
+    for row in rows:
+        columns = [_wrap(row[0], component_width if width is not None else None), [row[1]],
+                   _wrap(row[2], checked_width if width is not None else None),
+                   _wrap(row[3], action_width if width is not None else None)]
+        for index in range(max(len(column) for column in columns)):
+            out.append(_line([column[index] if index < len(column) else "" for column in columns], widths))
     totals = Counter(c.status for c in checks)
     out.append("")
     out.append(f"{totals[Status.OK]} OK, {totals[Status.WARN]} WARN, {totals[Status.FAIL]} FAIL")
     return "\n".join(out) + "\n"
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return _GAP.join([*(cell.ljust(w) for cell, w in zip(cells[:3], widths, strict=True)), cells[3]]).rstrip()
+
+
+def _wrap(text: str, width: int | None) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken at spaces (a longer word, such as a URL, is
+    split); one line when ``width`` is None."""
+    if width is None:
+        return [text]
+    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]

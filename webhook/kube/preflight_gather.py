@@ -235,6 +235,10 @@ def _get_or_none(client: kubeapi.KubeClient, resource: kubeapi.ApiResource, name
         raise
 
 
+DEFAULT_DEPLOYMENT = "csinode-guard"
+"""The namespace and name of the guard's Deployment in deploy/."""
+
+
 def gather_facts(
     client: kubeapi.KubeClient,
     policy: Policy,
@@ -242,9 +246,16 @@ def gather_facts(
     now: datetime,
     scheduler_version: str | None = None,
     configuration_name: str = CONFIGURATION_NAME,
+    deployment_namespace: str | None = None,
+    deployment_name: str | None = None,
 ) -> ClusterFacts:
     """Read everything :func:`webhook.kube.preflight.run_checks` judges. Raises :class:`kubeapi.ApiUnreachableError`
-    when the apiserver does not answer at all; a refused read becomes an entry of ``errors``."""
+    when the apiserver does not answer at all; a refused read becomes an entry of ``errors``.
+
+    The guard's Deployment is read directly, also while no webhook configuration exists yet (the install creates
+    them last): ``deployment_namespace``/``deployment_name``, each defaulting to the namespace and name of the
+    Service the configurations call, else to deploy/'s ``csinode-guard``/``csinode-guard``; not looked for when
+    the configurations call a URL and neither is given."""
     errors: dict[str, str] = {}
     server_version: str | None = None
     version_error = ""
@@ -286,13 +297,17 @@ def gather_facts(
             config = webhook.get("clientConfig") or {}
             service = service or config.get("service")
             url = url or str(config.get("url") or "")
-    deployment = None
     note = ""
-    if service is not None:
-        deployment = read("guard Deployment", lambda: _get_or_none(
-            client, kubeapi.DEPLOYMENTS, str(service.get("name")), str(service.get("namespace"))), None)
-    elif url:
+    namespace = deployment_namespace or str((service or {}).get("namespace") or DEFAULT_DEPLOYMENT)
+    name = deployment_name or str((service or {}).get("name") or DEFAULT_DEPLOYMENT)
+    deployment = None
+    if service is None and url and not (deployment_namespace or deployment_name):
         note = f"registered with a URL ({url}): not a Deployment in this cluster"
+    else:
+        deployment = read("guard Deployment",
+                          lambda: _get_or_none(client, kubeapi.DEPLOYMENTS, name, namespace), None)
+        if deployment is None and "guard Deployment" not in errors:
+            note = f"deployment {namespace}/{name} not found"
     return ClusterFacts(
         server_version=server_version,
         server_version_error=version_error,

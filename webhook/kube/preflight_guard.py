@@ -144,10 +144,11 @@ def _check_webhook(
 def _check_deployment(facts: ClusterFacts) -> list[Check]:
     deployment = facts.deployment
     if deployment is None:
-        if facts.deployment_note:
+        if facts.deployment_note.startswith("registered with a URL"):
             return [Check("guard Deployment", facts.deployment_note, Status.OK)]
-        return [Check("guard Deployment", "not found", Status.WARN,
-                      "kubectl apply -k deploy/overlays/default (count changes are refused while no replica serves)")]
+        return [Check("guard Deployment", facts.deployment_note or "not found", Status.WARN,
+                      "kubectl apply -k deploy/ (count changes are refused while no replica serves), or name it: "
+                      "--namespace/--deployment")]
     spec = deployment.get("spec") or {}
     status = deployment.get("status") or {}
     meta = deployment.get("metadata") or {}

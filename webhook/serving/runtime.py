@@ -27,6 +27,7 @@ def run(settings: Settings) -> int:
     from webhook.admission.state import StateKeys  # noqa: PLC0415
     from webhook.kube.kubeapi import ClusterConfigError, check_configuration  # noqa: PLC0415
     from webhook.serving import dev_certs, ssl_context, tls  # noqa: PLC0415
+    from webhook.serving.cluster_certs import ClusterSecretsError  # noqa: PLC0415
     from webhook.serving.live_policy import PolicyStore  # noqa: PLC0415
     from webhook.serving.policy_metrics import PolicyCollector  # noqa: PLC0415
     from webhook.serving.shared_budget import prepare_budget_dir  # noqa: PLC0415
@@ -43,6 +44,7 @@ def run(settings: Settings) -> int:
         log.error("policy refused, not starting: %s", exc)
         return 2
     try:
+        cluster_certs = _cluster_certificates(settings)  # before the files are read: it writes them
         cert_file, key_file = settings.cert_dir / "tls.crt", settings.cert_dir / "tls.key"
         if not (cert_file.exists() and key_file.exists()):
             if not settings.generate_certs:
@@ -67,7 +69,8 @@ def run(settings: Settings) -> int:
         _check_writable_audit_log(settings.audit_log)
         _check_port_free(settings.port, "HTTPS port", settings.host)
         _check_port_free(settings.metrics_port, "metrics port")
-    except (tls.CertificateError, state_key.StateKeyError, ClusterConfigError, OSError, ValueError) as exc:
+    except (tls.CertificateError, state_key.StateKeyError, ClusterConfigError, OSError, ValueError,
+            ClusterSecretsError) as exc:
         log.error("cannot start: %s", exc)
         return 2
     for problem in tls.certificate_problems(cert_file):
@@ -82,6 +85,8 @@ def run(settings: Settings) -> int:
     def when_ready(_server: Any) -> None:
         policy_metrics.store = master_store
         master_store.start()
+        if cluster_certs is not None:
+            cluster_certs.start()
         start_metrics_server(settings.metrics_port, cert_file, [policy_metrics])
 
     def ssl_hook(_conf: Any, _default: Any) -> Any:
@@ -93,6 +98,39 @@ def run(settings: Settings) -> int:
     options = gunicorn_options(settings, cert_file, key_file, ssl_hook, when_ready)
     GuardApplication(settings, app_factory, options).run()
     return 0
+
+
+def _cluster_certificates(settings: Settings) -> Any:
+    """With ``--tls-secret``/``--state-key-secret``: the files made or copied from the Secrets and the caBundle
+    filled in (:mod:`webhook.serving.cluster_certs`), and the object that keeps them current; else None."""
+    if not (settings.tls_secret or settings.state_key_secret):
+        return None
+    from webhook.kube.kubeapi import ClusterNotConfiguredError, KubeClient, load_api_client  # noqa: PLC0415
+    from webhook.serving.cluster_certs import (  # noqa: PLC0415
+        ClusterCertificates,
+        ClusterSecretsError,
+        SecretNames,
+        default_namespace,
+    )
+
+    if settings.offline:
+        raise ClusterSecretsError("--tls-secret and --state-key-secret need the Kubernetes API (not --offline)")
+    try:
+        client = KubeClient(load_api_client(settings.kubeconfig))
+    except ClusterNotConfiguredError as exc:
+        raise ClusterSecretsError(str(exc)) from exc
+    names = SecretNames(
+        namespace=settings.namespace or default_namespace(),
+        cert_dir=settings.cert_dir,
+        state_key_file=settings.state_key_path,
+        tls_secret=settings.tls_secret,
+        state_key_secret=settings.state_key_secret,
+        webhook_configuration=settings.inject_ca_bundle,
+        dns_names=settings.dns_names,
+    )
+    certificates = ClusterCertificates(names, client)
+    certificates.bootstrap()
+    return certificates
 
 
 def _check_writable_audit_log(path: str) -> None:

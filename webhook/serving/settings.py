@@ -58,6 +58,15 @@ class Settings:
     """/readyz turns ready in degraded mode after this many seconds without a full cache sync."""
     log_level: str = "info"
     """Log level: debug, info, warning, error."""
+    tls_secret: str | None = None
+    """Secret (in ``namespace``) that holds the serving certificate; made when absent, copied into cert_dir,
+    renewed before expiry (:mod:`webhook.serving.cluster_certs`). None: cert_dir is all there is."""
+    state_key_secret: str | None = None
+    """Secret (in ``namespace``) that holds the state key; made when absent, copied to the state key file."""
+    inject_ca_bundle: str | None = None
+    """Name of the Mutating- and ValidatingWebhookConfiguration whose caBundle the guard keeps current."""
+    namespace: str | None = None
+    """The guard's namespace for those Secrets; None: the pod's own (its service account's), else csinode-guard."""
     extra: dict[str, str] = field(default_factory=dict)
     """Reserved for forward-compatible options."""
 
