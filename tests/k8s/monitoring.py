@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.k8s.controlplane import ControlPlane, Guard, unique
-from tests.k8s.prometheus import Prometheus
+from tests.k8s.prometheus import Prometheus, alert_rules
 
 EBS = "ebs.csi.aws.com"
 
@@ -92,3 +92,24 @@ def active(alerts: list[dict[str, Any]], keep: Callable[[dict[str, str]], bool])
     """The alerts whose labels ``keep`` accepts, as ``{alertname, state, labels}`` (for readable failures)."""
     return [{"alertname": a["labels"]["alertname"], "state": a["state"], "labels": a["labels"]}
             for a in alerts if keep(a["labels"])]
+
+
+GLOBAL_ALERTS = {"CSINodeGuardDown", "CSINodeGuardSingleReplica"}
+"""Alerts on the whole job (no namespace label): with no target up, Down holds for every namespace."""
+
+
+def condition(prometheus: Prometheus, alert: str, namespace: str) -> list[dict[str, Any]]:
+    """The alert's own expression evaluated now (no ``for:``), restricted to ``namespace`` where it has one."""
+    answer = prometheus.query(alert_rules()[alert]["expr"])
+    return [s for s in answer if s["metric"].get("namespace", namespace) == namespace]
+
+
+def assert_alert_active(prometheus: Prometheus, alert: str, namespace: str, timeout: float = 60, **labels: str) -> None:
+    """The alert becomes active for ``namespace`` (or globally), and its expression is true on its own."""
+    rule = alert_rules()[alert]
+    if alert not in GLOBAL_ALERTS:
+        labels = {"namespace": namespace, **labels}
+    found = prometheus.wait_for_alert(alert, timeout=timeout, **labels)
+    assert found["state"] == ("pending" if rule.get("for") else "firing"), found
+    assert found["labels"]["severity"] == rule["labels"]["severity"]
+    assert condition(prometheus, alert, namespace), f"{alert}: {rule['expr']} is not true"

@@ -18,28 +18,18 @@ from typing import Any
 import pytest
 
 from tests.k8s.controlplane import ControlPlane, fast_policy, unique, wait_until
-from tests.k8s.monitoring import EBS, active, admin_writes, restricted_kubeconfig, scraped, short_lived_cert
+from tests.k8s.monitoring import (
+    EBS,
+    GLOBAL_ALERTS,
+    active,
+    admin_writes,
+    assert_alert_active,
+    condition,
+    restricted_kubeconfig,
+    scraped,
+    short_lived_cert,
+)
 from tests.k8s.prometheus import JOB, Prometheus, alert_rules
-
-GLOBAL_ALERTS = {"CSINodeGuardDown", "CSINodeGuardSingleReplica"}
-"""Alerts on the whole job (no namespace label): with no target up, Down holds for every namespace."""
-
-
-def _condition(prometheus: Prometheus, alert: str, namespace: str) -> list[dict[str, Any]]:
-    """The alert's own expression evaluated now (no ``for:``), restricted to ``namespace`` where it has one."""
-    answer = prometheus.query(alert_rules()[alert]["expr"])
-    return [s for s in answer if s["metric"].get("namespace", namespace) == namespace]
-
-
-def _assert_active(prometheus: Prometheus, alert: str, namespace: str, timeout: float = 60, **labels: str) -> None:
-    """The alert becomes active for ``namespace`` (or globally), and its expression is true on its own."""
-    rule = alert_rules()[alert]
-    if alert not in GLOBAL_ALERTS:
-        labels = {"namespace": namespace, **labels}
-    found = prometheus.wait_for_alert(alert, timeout=timeout, **labels)
-    assert found["state"] == ("pending" if rule.get("for") else "firing"), found
-    assert found["labels"]["severity"] == rule["labels"]["severity"]
-    assert _condition(prometheus, alert, namespace), f"{alert}: {rule['expr']} is not true"
 
 
 def _node_with_ebs(control_plane: ControlPlane, count: int = 25) -> str:
@@ -87,20 +77,20 @@ def test_a_healthy_installation_stays_silent(
             time.sleep(1)
         for alert in alert_rules():
             if alert_rules()[alert]["expr"].count("csinode_guard_") or alert in GLOBAL_ALERTS:
-                assert _condition(prometheus, alert, namespace) == [], alert
+                assert condition(prometheus, alert, namespace) == [], alert
 
 
 def test_a_guard_that_went_away_raises_guard_down(guard_factory: Any, prometheus: Prometheus) -> None:
     guard = guard_factory(register=False)
     with scraped(prometheus, guard) as namespace:
-        _assert_active(prometheus, "CSINodeGuardSingleReplica", namespace)
+        assert_alert_active(prometheus, "CSINodeGuardSingleReplica", namespace)
         assert prometheus.query(f'up{{job="{JOB}"}} == 0') == []
         guard.stop()
         wait_until(lambda: prometheus.query(f'up{{job="{JOB}", pod="{guard.name}"}} == 0'), timeout=30,
                    what="scrape failing")
-        _assert_active(prometheus, "CSINodeGuardDown", namespace)
+        assert_alert_active(prometheus, "CSINodeGuardDown", namespace)
         guard.start()  # back: the condition clears
-        wait_until(lambda: not _condition(prometheus, "CSINodeGuardDown", namespace), timeout=30,
+        wait_until(lambda: not condition(prometheus, "CSINodeGuardDown", namespace), timeout=30,
                    what="guard back up")
 
 
@@ -112,9 +102,9 @@ def test_a_broken_policy_file_raises_policy_file_invalid(
     with scraped(prometheus, guard) as namespace:
         good = policy.read_text()
         policy.write_text(good.replace("enforcementAction: deny", "enforcementAction: sometimes", 1))
-        _assert_active(prometheus, "CSINodeGuardPolicyFileInvalid", namespace, pod=guard.name)
+        assert_alert_active(prometheus, "CSINodeGuardPolicyFileInvalid", namespace, pod=guard.name)
         policy.write_text(good)  # fixed: the condition clears
-        wait_until(lambda: not _condition(prometheus, "CSINodeGuardPolicyFileInvalid", namespace), timeout=30,
+        wait_until(lambda: not condition(prometheus, "CSINodeGuardPolicyFileInvalid", namespace), timeout=30,
                    what="policy fixed")
 
 
@@ -123,13 +113,13 @@ def test_a_serving_certificate_that_expires_tomorrow_raises_both_expiry_alerts(
 ) -> None:
     guard = guard_factory(register=False)
     with scraped(prometheus, guard) as namespace:
-        assert _condition(prometheus, "CSINodeGuardCertificateExpiringSoon", namespace) == []
+        assert condition(prometheus, "CSINodeGuardCertificateExpiringSoon", namespace) == []
         not_after = short_lived_cert(control_plane, guard.cert_dir, days=1)
         wait_until(lambda: [s for s in prometheus.query(
             f'csinode_guard_serving_certificate_expiry_timestamp_seconds{{pod="{guard.name}"}}')
             if abs(float(s["value"][1]) - not_after.timestamp()) < 1], timeout=30, what="new certificate scraped")
-        _assert_active(prometheus, "CSINodeGuardCertificateExpiring", namespace, pod=guard.name)
-        _assert_active(prometheus, "CSINodeGuardCertificateExpiringSoon", namespace, pod=guard.name)
+        assert_alert_active(prometheus, "CSINodeGuardCertificateExpiring", namespace, pod=guard.name)
+        assert_alert_active(prometheus, "CSINodeGuardCertificateExpiringSoon", namespace, pod=guard.name)
 
 
 def test_a_burst_of_denied_increases_raises_denial_rate_high(
@@ -140,10 +130,10 @@ def test_a_burst_of_denied_increases_raises_denial_rate_high(
         denied = f'csinode_guard_requests_total{{namespace="{namespace}", decision="deny", dry_run="false"}}'
         assert admin_writes(control_plane, node, [21]) == [403]  # the admin is no writer: writer-identity denies
         prometheus.wait_for_series(denied)  # the counter exists before the burst: rate() sees all of it
-        assert _condition(prometheus, "CSINodeGuardDenialRateHigh", namespace) == []  # one denial is no spike
+        assert condition(prometheus, "CSINodeGuardDenialRateHigh", namespace) == []  # one denial is no spike
         statuses = admin_writes(control_plane, node, [22 + n % 5 for n in range(45)])
         assert statuses == [403] * 45
-        _assert_active(prometheus, "CSINodeGuardDenialRateHigh", namespace)
+        assert_alert_active(prometheus, "CSINodeGuardDenialRateHigh", namespace)
 
 
 def test_a_cache_that_cannot_list_raises_cache_not_synced(
@@ -154,7 +144,8 @@ def test_a_cache_that_cannot_list_raises_cache_not_synced(
     with scraped(prometheus, guard) as namespace:
         assert prometheus.wait_for_series(
             f'csinode_guard_cache_synced{{pod="{guard.name}", kind="volumeattachments"}} == 0')
-        _assert_active(prometheus, "CSINodeGuardCacheNotSynced", namespace, pod=guard.name, kind="volumeattachments")
+        assert_alert_active(prometheus, "CSINodeGuardCacheNotSynced", namespace, pod=guard.name,
+                            kind="volumeattachments")
         synced = prometheus.query(f'csinode_guard_cache_synced{{pod="{guard.name}"}} == 1')
         assert {s["metric"]["kind"] for s in synced} >= {"nodes", "csidrivers"}  # only the forbidden kind is out
 
@@ -175,7 +166,7 @@ def test_an_audit_log_nobody_reads_raises_audit_log_stalled(
             while not prometheus.query(stalled):  # records fill the pipe (64 KiB) until one misses its deadline
                 assert time.monotonic() < deadline, "the audit log never stalled"
                 admin_writes(control_plane, node, [19, 18, 17], dry_run=True)
-            _assert_active(prometheus, "CSINodeGuardAuditLogStalled", namespace, pod=guard.name)
+            assert_alert_active(prometheus, "CSINodeGuardAuditLogStalled", namespace, pod=guard.name)
             drained = threading.Event()
 
             def drain() -> None:  # the shipper reads again: the condition clears
@@ -190,7 +181,7 @@ def test_an_audit_log_nobody_reads_raises_audit_log_stalled(
             try:
                 def recovered() -> bool:
                     admin_writes(control_plane, node, [19], dry_run=True)
-                    return not _condition(prometheus, "CSINodeGuardAuditLogStalled", namespace)
+                    return not condition(prometheus, "CSINodeGuardAuditLogStalled", namespace)
 
                 wait_until(recovered, timeout=60, interval=1, what="audit log read again")
             finally:
@@ -206,14 +197,14 @@ def test_every_alert_has_a_real_scenario_or_a_reason(alert: str) -> None:
         "CSINodeGuardDown", "CSINodeGuardSingleReplica", "CSINodeGuardPolicyFileInvalid",
         "CSINodeGuardCertificateExpiring", "CSINodeGuardCertificateExpiringSoon", "CSINodeGuardDenialRateHigh",
         "CSINodeGuardCacheNotSynced", "CSINodeGuardAuditLogStalled",
+        # made by the rollout scenario of tests/k8s/test_monitoring_dashboard.py
+        "CSINodeGuardPersistentDisagreement", "CSINodeGuardEntriesFrozen",
     }
     assert alert in made_here | UNIT_TESTED_ONLY.keys(), f"{alert}: add a scenario, or a reason in UNIT_TESTED_ONLY"
 
 
 UNIT_TESTED_ONLY = {
     "CSINodeGuardClampRateHigh": "same expression as DenialRateHigh on decision clamp",
-    "CSINodeGuardPersistentDisagreement": "produced by the dashboard scenario (tests/k8s/test_monitoring_dashboard.py)",
-    "CSINodeGuardEntriesFrozen": "a driver version rollback; its metric is produced by the dashboard scenario",
     "CSINodeGuardStateVerificationFailures": "a forged state annotation; promtool unit test",
     "CSINodeGuardInternalErrors": "needs a bug in the guard; promtool unit test",
     "CSINodeGuardCacheStale": "needs a watch down for more than 120 s (--max-staleness); promtool unit test",
