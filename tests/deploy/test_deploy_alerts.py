@@ -24,6 +24,7 @@ GUARD_METRICS = {
     "csinode_guard_persistent_disagreement_total",
     "csinode_guard_internal_errors_total",
     "csinode_guard_policy_file_invalid",
+    "csinode_guard_audit_log_stalled",
 }
 """The metric names the server exports (issue 6's list); alerts may use no other csinode_guard_ name."""
 
@@ -187,6 +188,18 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
         "CSINodeGuardPolicyFileInvalid",
         "10m",
         [_series("csinode_guard_policy_file_invalid", POD, "0 0 1 1 0x10")],
+        [],
+    ),
+    (
+        "CSINodeGuardAuditLogStalled",
+        "5m",
+        [_series("csinode_guard_audit_log_stalled", POD, "0 0 1x10")],
+        [{"severity": "critical", "namespace": "csinode-guard", "pod": "csinode-guard-7d9f-abcde"}],
+    ),
+    (
+        "CSINodeGuardAuditLogStalled",
+        "5m",
+        [_series("csinode_guard_audit_log_stalled", POD, "0 1 0 1 0 1 0 1 0 0")],
         [],
     ),
     (

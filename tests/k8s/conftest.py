@@ -8,6 +8,7 @@
   registered with ``csinode-guard register --url``; unregistered and stopped after the test.
 - ``guard_factory`` (function scope): ``guard_factory(policy=path, register=True, extra_args=(), ...)`` for
   tests that need their own policy, several guards, or one not registered yet; all are cleaned up.
+- ``prometheus`` (session scope): a real Prometheus with the monitoring overlay's rules (:mod:`tests.k8s.prometheus`).
 
 Tests share their worker's cluster: each uses its own node names (:func:`tests.k8s.controlplane.unique`) and
 leaves no webhook configuration behind (the guard fixtures remove theirs even when the test fails).
@@ -32,6 +33,7 @@ from tests.k8s.controlplane import (
     kubectl_binary,
     running_guard,
 )
+from tests.k8s.prometheus import Prometheus, prometheus_binary
 
 UNAVAILABLE = "real Kubernetes control plane unavailable"
 
@@ -92,3 +94,22 @@ def guard(guard_factory: Any) -> Guard:
     """The guard on the bundled default policy, registered (both webhook configurations)."""
     result: Guard = guard_factory()
     return result
+
+
+@pytest.fixture(scope="session")
+def prometheus(control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """A real Prometheus (Debian's binary) for this test process, the monitoring overlay's rules loaded, 1 s
+    scrape and evaluation intervals; tests add guards with :meth:`Prometheus.scrape`. Missing binary: skipped,
+    or an error with ``CSINODE_GUARD_REQUIRE_TOOLS=1``."""
+    try:
+        binary = prometheus_binary()
+    except ControlPlaneUnavailable as exc:
+        if os.environ.get("CSINODE_GUARD_REQUIRE_TOOLS") == "1":
+            pytest.fail(f"{exc} (CSINODE_GUARD_REQUIRE_TOOLS=1)", pytrace=False)
+        pytest.skip(str(exc))
+    server = Prometheus(tmp_path_factory.mktemp("prometheus"), binary)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -39,6 +39,12 @@ RULE_RESULTS = Counter(
     "Rule results per count change: result pass|violation, enforcement = the effective enforcement action.",
     ["rule", "result", "enforcement"],
 )
+VIOLATIONS = Counter(
+    "csinode_guard_violations",
+    "Rule violations per count change, by rule, driver and effective enforcement action (deny|clamp|warn|dryrun):"
+    " the per-driver view of csinode_guard_rule_results_total{result=\"violation\"}.",
+    ["rule", "driver", "enforcement"],
+)
 LATENCY = Histogram(
     "csinode_guard_request_duration_seconds",
     "Time from receiving an AdmissionReview to having its answer, in seconds.",
@@ -262,6 +268,8 @@ def observe_decision(endpoint: str, decision: AdmissionDecision, dry_run: bool, 
     ]
     keys += [(RULE_RESULTS, (o.rule, o.result, o.effective.value if o.effective else "none"))
              for o in decision.outcomes]
+    keys += [(VIOLATIONS, (o.rule, driver_label(o.driver, known_driver), o.effective.value if o.effective else "none"))
+             for o in decision.outcomes if o.result == "violation" and o.driver is not None]
     if decision.decision is not Decision.ALLOW:
         finals = {c.change.driver: c for c in decision.changes}
         for o in decision.outcomes:
