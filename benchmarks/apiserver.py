@@ -23,9 +23,10 @@ Configurations side by side, in rotating order inside every round, at 1 and 16 c
     and cluster budget opened up so that every write is admitted (a denial would end the write early).
 
 Every webhook configuration has the guard's rules, matchConditions and failurePolicy (only the URL differs).
-``--fronts gunicorn,granian`` adds (c) and (b) with the same Flask app behind granian instead of gunicorn
-(:mod:`benchmarks.granian_front`: native TLS, HTTP/1.1 and HTTP/2 offered through ALPN, so the apiserver speaks
-h2 to it; ``--granian-http 1`` offers HTTP/1.1 only), in the same rotation; it needs ``pip install -e '.[bench]'``.
+``--fronts gunicorn,granian,granian-h1`` adds (c) and (b) with the same Flask app behind granian instead of
+gunicorn (:mod:`benchmarks.granian_front`: native TLS, HTTP/1.1 and HTTP/2): ``granian`` offers h2 and http/1.1
+through ALPN, so the apiserver speaks h2 to it, ``granian-h1`` offers HTTP/1.1 only; in the same rotation. It
+needs ``pip install -e '.[bench]'``.
 
 Reported per configuration: successful writes/s, p50/p99 of the PUT (the write: admission, etcd) and of GET+PUT;
 the added PUT p50 over (a) of every webhook configuration, and the guard's against the Go two-call floor
@@ -73,24 +74,23 @@ from webhook.kube.registration import WebhookTarget, build_webhook_configuration
 EBS = "ebs.csi.aws.com"
 NOOP_NAME = "csinode-guard-noop"
 CONFIGS = ("none", "go1", "go2", "noop", "guard")
-GRANIAN_CONFIGS = ("noop-granian", "guard-granian")
+FRONTS = {"granian": "auto", "granian-h1": "1"}
+"""The optional fronts and granian's ``--http`` for each."""
 LABELS = {
     "none": "(a) no webhook",
     "go1": "(g1) Go no-op, mutating only",
     "go2": "(g2) Go no-op, mutating + validating",
     "noop": "(c) no-op, guard's stack (gunicorn)",
     "guard": "(b) guard (gunicorn)",
-    "noop-granian": "(c') no-op, granian front",
-    "guard-granian": "(b') guard, granian front",
-}
-"""Row labels; with ``--granian-http 1`` the granian rows say so."""
-H1_LABELS = {
-    "noop-granian": "(c') no-op, granian front, HTTP/1.1 only",
-    "guard-granian": "(b') guard, granian front, HTTP/1.1 only",
+    "noop-granian": "(c') no-op, granian, h2",
+    "guard-granian": "(b') guard, granian, h2",
+    "noop-granian-h1": "(c'') no-op, granian, HTTP/1.1",
+    "guard-granian-h1": "(b'') guard, granian, HTTP/1.1",
 }
 BENCH_NAMES = {
     "go1": "csinode-guard-go-1", "go2": "csinode-guard-go-2", "noop": NOOP_NAME,
     "noop-granian": "csinode-guard-noop-granian", "guard-granian": "csinode-guard-granian",
+    "noop-granian-h1": "csinode-guard-noop-granian-h1", "guard-granian-h1": "csinode-guard-granian-h1",
 }
 """The webhook configurations this benchmark applies itself (the guard's own are ``register``'s)."""
 FLOOR_RATIO_TARGET = 2.0
@@ -256,12 +256,20 @@ def configurations_called(cp: ControlPlane) -> set[str]:
 
 @dataclass
 class Webhooks:
-    """Where each configuration's webhooks answer: the guard (gunicorn), the Go no-op, granian (or None)."""
+    """Where each configuration's webhooks answer: the guard (gunicorn), the Go no-op, and the optional fronts
+    (``{front: (base URL, audit log)}``)."""
 
     guard: Guard
     go_url: str
-    granian_url: str | None = None
-    granian_audit: Path | None = None
+    fronts: dict[str, tuple[str, Path]] = field(default_factory=dict)
+
+
+def front_of(config: str) -> str | None:
+    """The optional front a configuration runs on (``guard-granian-h1`` -> ``granian-h1``), None for the others."""
+    for prefix in ("noop-", "guard-"):
+        if config.startswith(prefix) and config[len(prefix):] in FRONTS:
+            return config[len(prefix):]
+    return None
 
 
 def configuration_objects(cp: ControlPlane, base_url: str, name: str, path: str | None = None,
@@ -284,9 +292,8 @@ def objects_for(cp: ControlPlane, hooks: Webhooks, config: str) -> list[dict[str
         return []
     if config in ("go1", "go2"):
         return configuration_objects(cp, hooks.go_url, name, mutating_only=config == "go1")
-    if hooks.granian_url is None and config in GRANIAN_CONFIGS:
-        raise RuntimeError(f"{config} needs the granian front")
-    base = hooks.guard.url if config == "noop" else str(hooks.granian_url)
+    front = front_of(config)
+    base = hooks.guard.url if front is None else hooks.fronts[front][0]
     return configuration_objects(cp, base, name, path="/noop" if config.startswith("noop") else None)
 
 
@@ -430,7 +437,9 @@ def measure(cp: ControlPlane, hooks: Webhooks, clients: list[NodeClient], admin:
             config: str, writers: int, seconds: float) -> Result:
     """One run of ``config`` (already switched to) at ``writers``, after a 1 s warm-up: writes, the apiserver's
     wait per webhook, and the guard's own judging time (its audit records' ``latencyMs``) per write."""
-    audit = {"guard": hooks.guard.decisions_log, "guard-granian": hooks.granian_audit}.get(config)
+    front = front_of(config)
+    audit = (hooks.guard.decisions_log if config == "guard" else
+             hooks.fronts[front][1] if front is not None and config.startswith("guard") else None)
     run(clients, writers, 1.0, config)  # warm connections and caches
     before = webhook_seconds(admin)
     seen = len(read_decisions(audit)) if audit else 0
@@ -464,8 +473,8 @@ def report(out: dict[str, Any], configs: tuple[str, ...], writer_counts: list[in
         ratios: dict[str, float] = {}
         a = s["none"]["writes_per_s"]
         floor = s["go2"]["added_p50_ms"]
-        for c in ("guard", "guard-granian", "noop", "noop-granian"):
-            if c not in s:
+        for c in configs:
+            if c in ("none", "go1", "go2"):
                 continue
             ratios[f"{c}_over_none_throughput"] = s[c]["writes_per_s"] / a if a else 0.0
             ratios[f"{c}_over_go2_added_p50"] = s[c]["added_p50_ms"] / floor if floor > 0 else float("inf")
@@ -510,20 +519,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="per run")
     parser.add_argument("--rounds", type=int, default=2, help="runs per configuration and writer count")
     parser.add_argument("--writers", default="1,16")
-    parser.add_argument("--fronts", default="gunicorn", help="gunicorn, or gunicorn,granian to compare the HTTP front")
-    parser.add_argument("--granian-http", choices=("auto", "1"), default="auto",
-                        help="granian: auto offers h2 and http/1.1 (the apiserver picks h2), 1: http/1.1 only")
+    parser.add_argument("--fronts", default="gunicorn",
+                        help="gunicorn, plus granian (h2 offered) and/or granian-h1 (HTTP/1.1 only) to compare fronts")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     writer_counts = [int(w) for w in args.writers.split(",")]
     if max(writer_counts) > args.nodes:
         parser.error("--nodes must be at least the largest writer count (each writer owns its nodes)")
     fronts = {f.strip() for f in args.fronts.split(",")}
-    if not fronts <= {"gunicorn", "granian"} or "gunicorn" not in fronts:
-        parser.error("--fronts: gunicorn, or gunicorn,granian")
-    configs = CONFIGS + (GRANIAN_CONFIGS if "granian" in fronts else ())
-    if args.granian_http == "1":
-        LABELS.update(H1_LABELS)
+    if not fronts <= {"gunicorn", *FRONTS} or "gunicorn" not in fronts:
+        parser.error(f"--fronts: gunicorn, and any of {', '.join(FRONTS)}")
+    extra = [f for f in FRONTS if f in fronts]
+    configs = CONFIGS + tuple(f"{kind}-{f}" for f in extra for kind in ("noop", "guard"))
     load_start = uptime()
     print(f"start: {load_start}", file=sys.stderr)
 
@@ -540,9 +547,9 @@ def main(argv: list[str] | None = None) -> int:
         guard = stack.enter_context(running_guard(cp, work / "guard", policy, register=False,
                                                   extra_env={"CSINODE_GUARD_BENCHMARK_NOOP": "1"}))
         hooks = Webhooks(guard, stack.enter_context(running_go_noop(cp, work)))
-        if "granian" in fronts:
-            hooks.granian_url, hooks.granian_audit = stack.enter_context(
-                running_granian(cp, guard, work / "granian", policy, args.granian_http))
+        for front in extra:
+            hooks.fronts[front] = stack.enter_context(
+                running_granian(cp, guard, work / front, policy, FRONTS[front]))
         names = [f"bench-{i:03d}" for i in range(args.nodes)]
         certs = work / "node-certs"
         certs.mkdir()
@@ -559,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
                     switch(cp, hooks, config)
                     result = measure(cp, hooks, clients, admin, config, writers, args.seconds)
                     results.setdefault((config, writers), []).append(result)
-                    print(f"round {round_no + 1} {config:13} x{writers:<2}: {result.rate:7.1f} writes/s "
+                    print(f"round {round_no + 1} {config:16} x{writers:<2}: {result.rate:7.1f} writes/s "
                           f"put p50 {percentile(result.put_ms, 0.5):6.2f} ms, failures {result.failures}",
                           file=sys.stderr)
         switch(cp, hooks, "none")

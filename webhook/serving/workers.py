@@ -21,6 +21,9 @@ thread is free again. Writes get the same timeout.
 Closing a keep-alive connection: gunicorn drops the ``Connection`` header an application sets, so
 :func:`honour_connection_close` turns the app's ``Connection: close`` into gunicorn's own close (used for
 ``--connection-max-age`` and for 413 answers, whose body the app has drained up to a bound).
+
+Logs: :class:`JsonGunicornLogger` gives gunicorn's own lines the guard's JSON formatter. Why gunicorn and not a
+front in native code (granian, measured through the real apiserver): ``docs/serving-front.md``.
 """
 
 from __future__ import annotations
