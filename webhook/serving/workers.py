@@ -21,6 +21,9 @@ thread is free again. Writes get the same timeout.
 Closing a keep-alive connection: gunicorn drops the ``Connection`` header an application sets, so
 :func:`honour_connection_close` turns the app's ``Connection: close`` into gunicorn's own close (used for
 ``--connection-max-age`` and for 413 answers, whose body the app has drained up to a bound).
+
+Logs: :class:`JsonGunicornLogger` gives gunicorn's own lines the guard's JSON formatter. Why gunicorn and not a
+front in native code (granian, measured through the real apiserver): ``docs/serving-front.md``.
 """
 
 from __future__ import annotations
@@ -39,9 +42,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.glogging import Logger as GunicornLogger
 
 from webhook.serving.flushlock import flush_lock
 from webhook.serving.gctuning import settle_for_requests
+from webhook.serving.logs import json_formatter
 from webhook.serving.settings import Settings
 
 log = logging.getLogger("csinode_guard.serving")
@@ -248,6 +253,19 @@ def prepare_metrics_dir() -> str:
     return path
 
 
+class JsonGunicornLogger(GunicornLogger):  # type: ignore[misc]
+    """gunicorn's logger with the guard's JSON line formatter on its error (and access) log handlers.
+
+    gunicorn writes its own lines (``Starting gunicorn``, ``Booting worker``, ``Worker exiting``, a worker
+    timeout or a signal) through ``gunicorn.error``, which does not propagate to the root logger; with this
+    class they are JSON objects like every other line of ``serve`` (``"logger": "gunicorn.error"``).
+    """
+
+    def _set_handler(self, log: logging.Logger, output: str | None, fmt: logging.Formatter,
+                     stream: Any = None) -> None:
+        super()._set_handler(log, output, json_formatter(), stream)
+
+
 class GuardApplication(BaseApplication):  # type: ignore[misc]
     """A gunicorn application whose configuration comes from :class:`Settings`, not from gunicorn's CLI."""
 
@@ -315,6 +333,7 @@ def gunicorn_options(settings: Settings, cert_file: Path, key_file: Path, ssl_ho
         "worker_tmp_dir": tempfile.gettempdir(),
         "accesslog": None,
         "errorlog": "-",
+        "logger_class": "webhook.serving.workers.JsonGunicornLogger",
         "loglevel": settings.log_level,
         "proc_name": "csinode-guard",
         "when_ready": metrics_hook,
