@@ -148,6 +148,31 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
         [_series("csinode_guard_freezes_total", f'{POD}, driver="ebs.csi.aws.com"', "0 0 0 1 1 1 1 1 1 1 1")],
         [{"severity": "warning", "namespace": "csinode-guard", "driver": "ebs.csi.aws.com"}],
     ),
+    (  # the first freeze of a driver creates its series at 1: it fires too
+        "CSINodeGuardEntriesFrozen",
+        "10m",
+        [_series("csinode_guard_freezes_total", f'{POD}, driver="ebs.csi.aws.com"', "_ _ _ 1 1 1 1 1 1 1 1")],
+        [{"severity": "warning", "namespace": "csinode-guard", "driver": "ebs.csi.aws.com"}],
+    ),
+    (  # that freeze is more than 30 minutes old: quiet
+        "CSINodeGuardEntriesFrozen",
+        "45m",
+        [_series("csinode_guard_freezes_total", f'{POD}, driver="ebs.csi.aws.com"', "_ _ _ 1x45")],
+        [],
+    ),
+    (
+        "CSINodeGuardStateVerificationFailures",
+        "10m",
+        [_series("csinode_guard_state_verification_failures_total", f'{POD}, reason="bad-signature"',
+                 "_ _ _ 1 1 1 1 1 1 1 1")],
+        [{"severity": "warning", "namespace": "csinode-guard", "reason": "bad-signature"}],
+    ),
+    (
+        "CSINodeGuardStateVerificationFailures",
+        "40m",
+        [_series("csinode_guard_state_verification_failures_total", f'{POD}, reason="bad-signature"', "_ _ _ 1x40")],
+        [],
+    ),
     (
         "CSINodeGuardStateVerificationFailures",
         "10m",

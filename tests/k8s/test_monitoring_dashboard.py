@@ -19,7 +19,7 @@ from typing import Any
 
 from dashboard import build, picture
 from dashboard.panels import ROWS, expand
-from tests.k8s.controlplane import ADMIN_USER, ControlPlane, fast_policy, unique
+from tests.k8s.controlplane import ADMIN_USER, ControlPlane, fast_policy, unique, wait_until
 from tests.k8s.monitoring import EBS, admin_writes, assert_alert_active, scraped
 from tests.k8s.prometheus import Prometheus, rule_groups
 
@@ -104,9 +104,11 @@ def test_every_dashboard_query_answers_after_a_rollout(
             for rule in group["rules"]:
                 if "record" in rule:
                     assert prometheus.query(f'{rule["record"]}{{namespace="{namespace}"}}'), rule["record"]
-        decisions = {s["metric"]["decision"] for s in prometheus.query(
-            f'csinode_guard:requests:rate5m{{namespace="{namespace}"}}')}
-        assert {"allow", "clamp", "deny"} <= decisions, decisions
+        def decisions() -> set[str]:  # a series needs two scrapes and one evaluation to be recorded
+            return {s["metric"]["decision"] for s in prometheus.query(
+                f'csinode_guard:requests:rate5m{{namespace="{namespace}"}}')}
+
+        wait_until(lambda: {"allow", "clamp", "deny"} <= decisions(), timeout=30, what="every decision recorded")
         # What the scenario did is what the alerts say: kubelet resending refused counts, an entry frozen.
         assert_alert_active(prometheus, "CSINodeGuardPersistentDisagreement", namespace, driver=EBS)
         assert_alert_active(prometheus, "CSINodeGuardEntriesFrozen", namespace, driver=EBS)
