@@ -47,12 +47,14 @@ Case = tuple[dict[str, Any], ClusterView, str, str, str | None]
 
 
 def annotation_note_on_a_node_named_like_its_prefix() -> Case:
-    """A justifier's unreadable justification on a CREATE (never refused: not recorded, a note) of node
+    """An unreadable justification on the node's own CREATE (never refused: not recorded, a note; its kubelet is
+    in a justifier group here, as only a justifier's justification is read) of node
     ``csinode-guard.io``, whose second driver is named ``justification``: the note's text begins with
     ``csinode-guard.io/justification``, and it is about the request's annotation, not that driver."""
     new = with_annotation(csinode("csinode-guard.io", {EBS: 25, "justification": 10}), JUSTIFICATION_ANNOTATION,
                           "not: [a, list")
-    doc = review(None, new, user="alice", groups=["csinode-guard:approvers"], operation="CREATE")
+    doc = review(None, new, user="system:node:csinode-guard.io", groups=["system:nodes", "csinode-guard:approvers"],
+                 operation="CREATE")
     return doc, UnknownClusterView(), f"{JUSTIFICATION_ANNOTATION} not recorded", EBS, None
 
 

@@ -57,11 +57,11 @@ def test_every_object_is_accepted_by_the_real_apiserver(
                                                       "metadata": {"name": "csinode-guard"}}))
     checked = [o for o in objects if not needs_crd(o)]
     skipped = {f"{o['apiVersion']}/{o['kind']}" for o in objects if needs_crd(o)}
-    if kustomization == "overlays/monitoring":  # a Component-like overlay: only the Prometheus operator's objects
-        assert objects and not checked
-        return _assert_not_served(cp, skipped)
-    assert {o["kind"] for o in checked} >= {"Deployment", "Service", "ServiceAccount", "ClusterRole",
-                                            "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    if kustomization == "overlays/monitoring":  # the Prometheus operator's objects and the Grafana dashboard
+        assert [(o["kind"], o["metadata"]["labels"].get("grafana_dashboard")) for o in checked] == [("ConfigMap", "1")]
+    else:
+        assert {o["kind"] for o in checked} >= {"Deployment", "Service", "ServiceAccount", "ClusterRole",
+                                                "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
     result = cp.kubectl("apply", "--dry-run=server", "-f", "-",
                         input=json.dumps({"apiVersion": "v1", "kind": "List", "items": checked}))
     lines = [line for line in result.stdout.splitlines() if line.strip()]

@@ -131,11 +131,13 @@ def test_the_kubelet_story_ends_in_the_counts_stored_in_etcd(
     assert (correction["from"], correction["to"], correction["basis"]) == (27, 0, "justification")
 
 
-def test_a_later_mutating_webhook_reinvokes_the_guard_once_and_the_final_object_is_validated(
+def test_a_later_mutating_webhook_on_the_nodes_decrease_is_checked_by_the_validating_webhook(
     control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
 ) -> None:
-    """Another mutating webhook ordered after the guard labels every CSINode update: the apiserver reinvokes the
-    guard (IfNeeded) on the labelled object, once; the validating webhook checks the final object."""
+    """Another mutating webhook ordered after the guard labels every CSINode update. On the node's own decrease
+    (the ``Ignore`` entry) the guard's patch has changed its state, and a changed state routes to the ``Fail``
+    entry, which was not called in the first round: so the apiserver does not reinvoke the guard, and the
+    validating webhook checks the final object."""
     from tests.k8s.labeler import running_labeler  # noqa: PLC0415
 
     cp = control_plane
@@ -151,9 +153,24 @@ def test_a_later_mutating_webhook_reinvokes_the_guard_once_and_the_final_object_
     assert state_of(stored)["drivers"][EBS]["count"] == 23
     # The registration before it reached the guard too (judged, never refused): only the 25 -> 23 update here.
     records = [r for r in guard.decisions() if r["node"] == node and r.get("old") == 25 and r.get("new") == 23]
-    assert [r["endpoint"] for r in records] == ["mutate", "mutate", "validate"]
+    assert [r["endpoint"] for r in records] == ["mutate", "validate"]
     event = wait_until(lambda: [e for e in writes(cp, node) if e["responseStatus"]["code"] == 200][-1:],
                        what="the update audited")[0]
     rounds = sorted(k for k in event["annotations"] if k.startswith("mutation.webhook.admission.k8s.io/"))
     called = [json.loads(event["annotations"][k])["configuration"] for k in rounds]
-    assert called == [guard.name, labeler.name, guard.name]
+    assert called == [guard.name, labeler.name]
+
+    # An increase reaches the Fail entry in the first round, so that entry is reinvoked (IfNeeded), once, on the
+    # labelled object, and the validating webhook checks the final object.
+    cp.kubectl("label", "csinode", node, f"{labeler.label}-")  # so that the labeler changes the object again
+    time.sleep(2.1)  # past change-rate's interval of the fast policy
+    with running_labeler(cp, tmp_path / "labeler-2", guard) as second:
+        cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "24")
+    assert counts(cp.get_csinode(node)) == {EBS: 24}
+    records = [r for r in guard.decisions() if r["node"] == node and r.get("old") == 23 and r.get("new") == 24]
+    assert [r["endpoint"] for r in records] == ["mutate", "mutate", "validate"]
+    event = wait_until(lambda: [e for e in writes(cp, node) if e["responseStatus"]["code"] == 200][-1:],
+                       what="the increase audited")[0]
+    rounds = sorted(k for k in event["annotations"] if k.startswith("mutation.webhook.admission.k8s.io/"))
+    assert [json.loads(event["annotations"][k])["configuration"] for k in rounds] == [guard.name, second.name,
+                                                                                       guard.name]

@@ -129,7 +129,10 @@ SIDE_EFFECTS: Final = "None"
 ADMISSION_REVIEW_VERSIONS: Final = ("v1",)
 REINVOCATION_POLICY: Final = "IfNeeded"
 """The mutating webhook runs again when a later mutating webhook changed the object, so its state annotation
-and clamped count are computed on the final object (the validating webhook then checks that final object)."""
+and clamped count are computed on the final object (the validating webhook then checks that final object). The
+apiserver reinvokes only an entry called in the first round whose conditions still match: the ``Fail`` entry's
+do (an increase stays one); the node's own never-refused write is not reinvoked, as the guard's patch changed its
+state, which routes to the ``Fail`` entry -- there the validating webhook alone checks the final object."""
 
 UPDATE_ONLY_CONDITION_NAME: Final = "update-only"
 UPDATE_ONLY_EXPRESSION: Final = "request.operation == 'UPDATE'"
