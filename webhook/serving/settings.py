@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from webhook.serving.audit_settings import AuditSettings
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -58,6 +60,8 @@ class Settings:
     """/readyz turns ready in degraded mode after this many seconds without a full cache sync."""
     log_level: str = "info"
     """Log level: debug, info, warning, error."""
+    audit: AuditSettings = field(default_factory=AuditSettings)
+    """The background audit and reconciler (:mod:`webhook.serving.audit_loop`)."""
     extra: dict[str, str] = field(default_factory=dict)
     """Reserved for forward-compatible options."""
 
