@@ -73,7 +73,11 @@ def test_base_holds_every_object_an_installation_needs(rendered: dict[str, Objec
         ("Namespace", NAMESPACE),
         ("NetworkPolicy", NAME),
         ("PodDisruptionBudget", NAME),
+        ("Role", "csinode-guard-audit-events"),
+        ("Role", "csinode-guard-audit-lease"),
         ("Role", "csinode-guard-driver-pods"),
+        ("RoleBinding", "csinode-guard-audit-events"),
+        ("RoleBinding", "csinode-guard-audit-lease"),
         ("RoleBinding", "csinode-guard-driver-pods"),
         ("Service", NAME),
         ("ServiceAccount", NAME),
@@ -92,7 +96,8 @@ def test_every_object_carries_the_name_label_and_an_explicit_namespace(
         if obj["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in meta, where
         elif obj["kind"] in ("Role", "RoleBinding"):
-            assert meta["namespace"] == "kube-system", where
+            expected = {"csinode-guard-audit-lease": NAMESPACE, "csinode-guard-audit-events": "default"}
+            assert meta["namespace"] == expected.get(meta["name"], "kube-system"), where
         else:
             assert meta["namespace"] == NAMESPACE, where
 
@@ -210,13 +215,20 @@ def _grants(objects: Objects) -> set[tuple[str, str, str, str]]:
     return grants
 
 
-def test_the_guard_can_only_read_what_its_cluster_view_needs(rendered: dict[str, Objects]) -> None:
+def test_the_guard_can_only_read_what_its_cluster_view_needs_and_write_what_its_audit_needs(
+    rendered: dict[str, Objects],
+) -> None:
     read = ("get", "list", "watch")
     expected = (
         {("*", "", "nodes", verb) for verb in read}
         | {("*", "storage.k8s.io", "csidrivers", verb) for verb in read}
         | {("*", "storage.k8s.io", "volumeattachments", verb) for verb in read}
         | {("kube-system", "", "pods", verb) for verb in read}
+        # the audit: the CSINode watch, and an update that lowers a standing count (no create, patch, delete)
+        | {("*", "storage.k8s.io", "csinodes", verb) for verb in (*read, "update")}
+        # its Lease (leader election) and its Events about CSINodes (which must live in default)
+        | {(NAMESPACE, "coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
+        | {("default", "events.k8s.io", "events", "create")}
     )
     assert _grants(rendered["base"]) == expected
 

@@ -10,6 +10,7 @@ policy, as the guard's ServiceAccount is in ``deploy/``; its Lease lives in ``de
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -165,9 +166,16 @@ def test_report_mode_reports_and_writes_nothing(
     assert metric(guard, "csinode_guard_reconcile_repairs_total", driver=EBS, result="repaired") == 0
     records = [r for r in guard.decisions() if r.get("source") == "audit" and r.get("node") == node]
     assert [r["decision"] for r in records] == ["standing-violation"], "reported once, not every pass"
-    out = guard.csinode_guard("status", "--node", node, "--policy", str(guard.policy_path),
-                              "--state-key-file", str(guard.cert_dir / "state.key")).stdout
-    assert "count-ceiling" in out and "above the ceiling 27" in out and "since" in out, out
+    status = ("status", "--node", node, "--policy", str(guard.policy_path),
+              "--state-key-file", str(guard.cert_dir / "state.key"))
+    table = guard.csinode_guard(*status).stdout
+    assert "standing violations (1;" in table and "above the ceiling 27" in table, table
+    doc = json.loads(guard.csinode_guard(*status, "-o", "json").stdout)
+    [standing] = doc["standingViolations"]
+    assert {k: standing[k] for k in ("node", "driver", "rule", "stored", "allowed", "repairable")} == {
+        "node": node, "driver": EBS, "rule": "count-ceiling", "stored": 39, "allowed": CEILING, "repairable": True}
+    first_event = min(e["eventTime"] for e in audit_events_about(control_plane, node))
+    assert standing["since"] == first_event, "since: when the audit first reported it"
 
 
 def test_a_policy_reload_with_a_lower_ceiling_repairs_the_nodes_already_stored(

@@ -72,6 +72,11 @@ class StandingFinding(NamedTuple):
     enforcement: EnforcementAction
     repairable: bool
 
+    @property
+    def key(self) -> str:
+        """What makes a finding the same finding over passes: ``rule/driver/stored/allowed``."""
+        return f"{self.rule}/{self.driver or '-'}/{self.stored}/{self.allowed}"
+
     def line(self) -> str:
         """``[rule] node/driver: stored N (allowed M): why; proceed`` (one line, for Events, logs and status)."""
         if self.driver is None:

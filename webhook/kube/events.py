@@ -12,6 +12,7 @@ dropped (counted in :attr:`EventRecorder.dropped`, and the audit log keeps the f
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
@@ -34,6 +35,12 @@ MAX_REMEMBERED = 50_000
 
 EVENT_LABEL = "csinode-guard.io/audit"
 """Label on every audit Event (value ``standing`` or ``reconciled``): ``csinode-guard status`` lists them by it."""
+
+
+def event_name(node: str, key: str) -> str:
+    """A deterministic Event name per (node, finding ``key``): replicas and restarts send each finding once, and
+    ``csinode-guard status`` finds the Event (its ``eventTime``: since when) by it."""
+    return f"{node}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"[:253]
 
 
 def event_body(node: str, uid: str, *, reason: str, action: str, note: str, warning: bool, instance: str,

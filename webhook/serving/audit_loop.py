@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 import socket
@@ -42,7 +41,7 @@ from webhook.admission.standing import (
     reconcile_mode,
 )
 from webhook.admission.state import STATE_ANNOTATION, StateKeys, decode_state
-from webhook.kube.events import EventRecorder
+from webhook.kube.events import EventRecorder, event_name
 from webhook.kube.kubeapi import KubeClient
 from webhook.kube.leader import LeaderElector, LeaseSettings
 from webhook.kube.repair import RepairRateLimiter, RepairResult, repair_csinode
@@ -59,16 +58,6 @@ NO_DRIVER = "none"
 def candidate_identity() -> str:
     """``<hostname>_<pid>``: the pod name (a pod's hostname) and this worker process."""
     return f"{socket.gethostname()}_{os.getpid()}"
-
-
-def finding_key(f: StandingFinding) -> str:
-    """What makes a finding the same finding: rule, driver, stored and allowed count."""
-    return f"{f.rule}/{f.driver or '-'}/{f.stored}/{f.allowed}"
-
-
-def event_name(node: str, key: str) -> str:
-    """A deterministic Event name per (node, finding): replicas and restarts send each finding once."""
-    return f"{node}.{hashlib.sha256(key.encode()).hexdigest()[:16]}"[:253]
 
 
 @dataclass
@@ -267,7 +256,7 @@ class AuditLoop:
         records = []
         for j in found:
             for f in j.findings:
-                key = finding_key(f)
+                key = f.key
                 self.status.first_seen.setdefault((j.node, key), time.time())
                 where = (j.node, f"{f.rule}/{f.driver}")
                 if self._recorded.get(where) != key:
