@@ -102,8 +102,9 @@ def main() -> None:
         while not view.csinodes_fresh() or not view.nodes.synced:
             time.sleep(0.05)
         synced = time.perf_counter() - started
-        print(f"CSINode cache synced in {synced:.2f}s: {len(view.csinode_store)} objects, RSS +{rss_mb() - before:.1f} MB "
-              f"(process {rss_mb():.1f} MB, peak {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f} MB)")
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"CSINode cache synced in {synced:.2f}s: {len(view.csinode_store)} objects, "
+              f"RSS +{rss_mb() - before:.1f} MB (process {rss_mb():.1f} MB, peak {peak:.1f} MB)")
 
         loop = AuditLoop(view, None, keys, None, client, AuditSettings())
         now = datetime.now(UTC)

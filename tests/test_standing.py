@@ -67,7 +67,8 @@ def accepted(count: int | None, **fields: Any) -> GuardState:
 @pytest.mark.parametrize(
     ("count", "state", "allowed", "why"),
     [
-        pytest.param(39, None, 27, "above the ceiling 27", id="a count above the ceiling with no state is lowered to it"),
+        pytest.param(39, None, 27, "above the ceiling 27",
+                     id="a count above the ceiling with no state is lowered to it"),
         pytest.param(39, accepted(25), 27, "above the ceiling 27",
                      id="a count above the ceiling and above the accepted count is lowered to the ceiling"),
         pytest.param(None, accepted(25), 25, "removed (unbounded) after being bounded",

@@ -88,6 +88,7 @@ class LeaderElector:
         self._leading = False
         self._observed: tuple[str, float] | None = None  # (record fingerprint, monotonic time it was first seen)
         self._last_renew = 0.0
+        self._last_error = ""  # logged once until it changes (a missing namespace would repeat every period)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -123,12 +124,15 @@ class LeaderElector:
         while not self._stop.is_set():
             try:
                 if self.try_acquire_or_renew():
+                    self._last_error = ""
                     self._last_renew = time.monotonic()
                     self._set(True)
                 elif self._leading and time.monotonic() - self._last_renew >= self.settings.renew_deadline:
                     self._set(False)
             except Exception as exc:  # the apiserver unreachable, a refused request: try again next period
-                log.warning("audit Lease: %s", exc)
+                text = str(exc)
+                log.log(logging.WARNING if text != self._last_error else logging.DEBUG, "audit Lease: %s", text)
+                self._last_error = text
                 if self._leading and time.monotonic() - self._last_renew >= self.settings.renew_deadline:
                     self._set(False)
             self._stop.wait(self.settings.retry_period)

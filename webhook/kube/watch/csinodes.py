@@ -24,7 +24,6 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -127,8 +126,6 @@ class CSINodeStore(Store[CSINodeRecord]):
         super().__init__("csinodes")
         self.ledger = ledger
         self._sequences: dict[str, int] = {}
-        self.changes: deque[str] = deque(maxlen=4096)
-        """Names of objects changed since the audit loop last looked (bounded; a full deque means "all")."""
         self.relists = 0
         """Completed lists (the first, and every re-list after 410 Gone): the audit loop passes after each."""
 
@@ -143,7 +140,6 @@ class CSINodeStore(Store[CSINodeRecord]):
         _, old = self.get(key, 60.0)
         super().upsert(key, record)
         self._observe(old, record)
-        self.changes.append(key)
 
     def replace(self, items: Mapping[str, CSINodeRecord]) -> None:
         """A (re-)list: compared with what was held, then swapped in."""
@@ -159,7 +155,6 @@ class CSINodeStore(Store[CSINodeRecord]):
         super().delete(key)
         if old is not None:
             self._sequences.pop(old.csinode.uid, None)
-        self.changes.append(key)
 
     def newest_sequence(self, uid: str) -> int | None:
         """The highest verified state sequence seen for ``uid`` (None when none was seen)."""
