@@ -17,7 +17,6 @@ through the apiserver (:func:`webhook.kube.repair.repair_csinode`, at the client
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import logging
 import os
@@ -62,10 +61,9 @@ def candidate_identity() -> str:
 
 @dataclass
 class AuditStatus:
-    """What the last pass found (for logs and tests): findings by node, when each was first seen (Unix s)."""
+    """What the last pass found: findings by node, and the passes run so far."""
 
     findings: dict[str, tuple[StandingFinding, ...]] = field(default_factory=dict)
-    first_seen: dict[tuple[str, str], float] = field(default_factory=dict)
     passes: int = 0
 
 
@@ -249,15 +247,12 @@ class AuditLoop:
         current: dict[str, tuple[StandingFinding, ...]] = {j.node: j.findings for j in found}
         for gone in set(self.status.findings) - current.keys():
             self.events.forget(gone)
-            for seen in [k for k in self.status.first_seen if k[0] == gone]:
-                del self.status.first_seen[seen]
             for slot in [k for k in self._recorded if k[0] == gone]:
                 del self._recorded[slot]
         records = []
         for j in found:
             for f in j.findings:
                 key = f.key
-                self.status.first_seen.setdefault((j.node, key), time.time())
                 where = (j.node, f"{f.rule}/{f.driver}")
                 if self._recorded.get(where) != key:
                     self._recorded[where] = key
@@ -322,8 +317,5 @@ def build_audit_loop(settings: AuditSettings, view: Any, policies: Any, keys: St
     or the view does not watch CSINodes (offline)."""
     if not settings.enabled or not isinstance(view, KubernetesClusterView) or view.csinodes is None:
         return None
-    loop = AuditLoop(view, policies, keys, audit, KubeClient(view.api_client), settings, lock_dir=lock_dir,
+    return AuditLoop(view, policies, keys, audit, KubeClient(view.api_client), settings, lock_dir=lock_dir,
                      known_driver=known_driver)
-    with contextlib.suppress(Exception):
-        audit_metrics.LEADER.set(0)
-    return loop
