@@ -203,7 +203,7 @@ import calendar
 import json
 import os
 from prometheus_client import REGISTRY
-import webhook.serving.metrics, webhook.kube.watch.metrics
+import webhook.serving.metrics, webhook.kube.watch.metrics, webhook.serving.audit_metrics
 from webhook.serving.policy_metrics import PolicyCollector
 from webhook.serving.live_policy import PolicyStore
 collector = PolicyCollector()

@@ -74,8 +74,12 @@ def test_base_holds_every_object_an_installation_needs(rendered: dict[str, Objec
         ("Namespace", NAMESPACE),
         ("NetworkPolicy", NAME),
         ("PodDisruptionBudget", NAME),
+        ("Role", "csinode-guard-audit-events"),
+        ("Role", "csinode-guard-audit-lease"),
         ("Role", "csinode-guard-driver-pods"),
         ("Role", "csinode-guard-secrets"),
+        ("RoleBinding", "csinode-guard-audit-events"),
+        ("RoleBinding", "csinode-guard-audit-lease"),
         ("RoleBinding", "csinode-guard-driver-pods"),
         ("RoleBinding", "csinode-guard-secrets"),
         ("Service", NAME),
@@ -94,8 +98,9 @@ def test_every_object_carries_the_name_label_and_an_explicit_namespace(
         assert meta.get("labels", {}).get("app.kubernetes.io/name") == NAME, where
         if obj["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in meta, where
-        elif obj["kind"] in ("Role", "RoleBinding") and meta["name"] == "csinode-guard-driver-pods":
-            assert meta["namespace"] == "kube-system", where
+        elif obj["kind"] in ("Role", "RoleBinding") and meta["name"] != "csinode-guard-secrets":
+            expected = {"csinode-guard-audit-lease": NAMESPACE, "csinode-guard-audit-events": "default"}
+            assert meta["namespace"] == expected.get(meta["name"], "kube-system"), where
         else:
             assert meta["namespace"] == NAMESPACE, where
 
@@ -236,7 +241,9 @@ def _grants(objects: Objects, *, by_name: bool = False) -> set[tuple[str, str, s
     return grants
 
 
-def test_the_guard_can_only_read_what_its_cluster_view_needs(rendered: dict[str, Objects]) -> None:
+def test_the_guard_can_only_read_what_its_cluster_view_needs_and_write_what_its_audit_needs(
+    rendered: dict[str, Objects],
+) -> None:
     read = ("get", "list", "watch")
     expected = (
         {("*", "", "nodes", verb) for verb in read}
@@ -245,6 +252,11 @@ def test_the_guard_can_only_read_what_its_cluster_view_needs(rendered: dict[str,
         | {("kube-system", "", "pods", verb) for verb in read}
         # RBAC cannot limit a create by name: the guard may create Secrets in its own namespace, nothing else.
         | {(NAMESPACE, "", "secrets", "create")}
+        # the audit: the CSINode watch, and an update that lowers a standing count (no create, patch, delete)
+        | {("*", "storage.k8s.io", "csinodes", verb) for verb in (*read, "update")}
+        # its Lease (leader election) and its Events about CSINodes (which must live in default)
+        | {(NAMESPACE, "coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
+        | {("default", "events.k8s.io", "events", "create")}
     )
     assert _grants(rendered["base"]) == expected
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from webhook.serving.audit_settings import AuditSettings
 from webhook.serving.settings import Settings
 
 log = logging.getLogger("csinode_guard.serve")
@@ -71,6 +72,24 @@ def _env(name: str) -> str:
               "CA (deploy/: csinode-guard).")
 @click.option("--namespace", envvar=["CSINODE_GUARD_NAMESPACE", "POD_NAMESPACE"],
               help="Namespace of those Secrets (default: the pod's own, else csinode-guard).")
+@click.option("--audit/--no-audit", "audit_enabled", default=True, show_default=True, envvar=_env("AUDIT"),
+              help="Judge every stored CSINode in the background (one replica, holding the audit Lease).")
+@click.option("--audit-interval", default=60.0, show_default=True, type=click.FloatRange(0),
+              envvar=_env("AUDIT_INTERVAL"), help="Seconds between audit passes (also at start, after a re-list of "
+              "the CSINode watch and after a policy reload; 0: only then).")
+@click.option("--reconcile-dry-run", is_flag=True, envvar=_env("RECONCILE_DRY_RUN"),
+              help="With spec.reconcile: clamp, send each repair as a server-side dry run (judged, not stored).")
+@click.option("--reconcile-rate", default=10.0, show_default=True, type=click.FloatRange(0.01),
+              envvar=_env("RECONCILE_RATE"), help="Repair writes per second at most.")
+@click.option("--reconcile-burst", default=20, show_default=True, type=click.IntRange(1),
+              envvar=_env("RECONCILE_BURST"), help="Repair writes at once at most.")
+@click.option("--lease-namespace", default="csinode-guard", show_default=True,
+              envvar=[_env("LEASE_NAMESPACE"), "POD_NAMESPACE"], help="Namespace of the audit Lease.")
+@click.option("--lease-name", default="csinode-guard-audit", show_default=True, envvar=_env("LEASE_NAME"),
+              help="Name of the audit Lease (coordination.k8s.io/v1).")
+@click.option("--lease-duration", default=15.0, show_default=True, type=click.FloatRange(2),
+              envvar=_env("LEASE_DURATION"), help="Seconds after which a leader that stopped renewing is replaced "
+              "(it stops acting after two thirds of it).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]), envvar=_env("LOG_LEVEL"))
 def serve(**kwargs: Any) -> None:
@@ -104,6 +123,18 @@ def serve(**kwargs: Any) -> None:
         state_key_secret=kwargs["state_key_secret"] or None,
         inject_ca_bundle=kwargs["inject_ca_bundle"] or None,
         namespace=kwargs["namespace"] or None,
+        audit=AuditSettings(
+            enabled=kwargs["audit_enabled"],
+            interval=kwargs["audit_interval"],
+            dry_run=kwargs["reconcile_dry_run"],
+            repair_rate=kwargs["reconcile_rate"],
+            repair_burst=kwargs["reconcile_burst"],
+            lease_namespace=kwargs["lease_namespace"],
+            lease_name=kwargs["lease_name"],
+            lease_duration=kwargs["lease_duration"],
+            renew_deadline=kwargs["lease_duration"] * 2 / 3,
+            retry_period=min(2.0, kwargs["lease_duration"] / 5),
+        ),
     )
     from webhook.serving.workers import prepare_metrics_dir  # noqa: PLC0415
 

@@ -17,6 +17,7 @@ from webhook.admission.durations import parse_duration
 from webhook.admission.policy import PolicyError, load_policy
 from webhook.admission.state import StateKeys
 from webhook.commands.options import api_failure, cluster_options, connect
+from webhook.commands.status_audit import findings_json, format_findings, read_audit_events, standing_findings
 from webhook.kube import kubeapi
 
 EXIT_NO_CLUSTER = 3
@@ -64,7 +65,8 @@ def status(
     guard's last accepted count and its age from its signed state, frozen or corrected entries with until-when;
     -o wide adds the writer version, recent attach errors by class and Pods Pending on volume limits. Sorted by
     least headroom, with a one-line cluster summary on top. Reads one LIST per kind (CSINodes, Nodes,
-    VolumeAttachments, Pending Pods); needs get/list on them.
+    VolumeAttachments, Pending Pods, the audit's Events in default); needs get/list on them. Then the standing
+    violations: which node and entry the audit's rules no longer allow, why, and since when (the audit's Event).
     """
     try:
         policy = load_policy(policy_path)
@@ -79,6 +81,7 @@ def status(
     try:
         with client:
             node_objects, csinodes, attachments, pending = read_cluster(client, selector)
+            since = read_audit_events(client)
     except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
         raise CannotReadError(api_failure("cannot read the cluster", exc).message) from None
     wanted: set[str] | None = None
@@ -89,10 +92,14 @@ def status(
     now = datetime.now(UTC)
     report = build_report(csinodes, node_objects, attachments, pending, policy=policy, now=now, keys=keys,
                           errors_within=window, node_names=wanted, driver_names=drivers or None)
+    standing = standing_findings(csinodes, node_objects, policy, keys, now, node_names=wanted)
+    if drivers:
+        standing = [f for f in standing if f.driver in drivers]
     if output == "json":
-        click.echo(orjson.dumps(report_json(report), option=orjson.OPT_INDENT_2).decode())
+        document = {**report_json(report), "standingViolations": findings_json(standing, since)}
+        click.echo(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
     else:
-        sys.stdout.write(format_table(report, now, wide=output == "wide"))
+        sys.stdout.write(format_table(report, now, wide=output == "wide") + format_findings(standing, since))
 
 
 def read_cluster(client: kubeapi.KubeClient, selector: str | None) -> tuple[list[kubeapi.JSON], ...]:

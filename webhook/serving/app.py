@@ -46,6 +46,7 @@ from webhook.admission.review import (
 from webhook.admission.state import StateKeys
 from webhook.serving import metrics
 from webhook.serving.audit_writer import AuditWriter
+from webhook.serving.cluster_budget import watched_budget
 from webhook.serving.live_policy import PolicyStore
 from webhook.serving.shared_budget import SharedIncreaseBudget
 from webhook.serving.workers import ClientTooSlowError
@@ -128,6 +129,8 @@ class Runtime:
             cfg = policy.cluster_budget
             if cfg is None:
                 bucket = None
+            elif (watched := watched_budget(cfg.increases_per_second, cfg.burst, self.cluster)) is not None:
+                bucket = watched  # one budget for every replica, from the CSINode watch (serving.cluster_budget)
             elif self.budget_dir is not None:
                 path = self.budget_dir / f"budget-{policy.hash}.bin"
                 bucket = SharedIncreaseBudget(cfg.increases_per_second, cfg.burst, path)

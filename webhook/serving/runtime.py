@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import socket
@@ -177,7 +178,7 @@ def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: 
                 listener(snapshot.policy)
 
     store = PolicyStore(settings.policy, interval=settings.policy_reload_interval, on_reload=on_reload)
-    cluster, readiness, on_policy, observe_count = build_cluster(settings, store.current().policy)
+    cluster, readiness, on_policy, observe_count = build_cluster(settings, store.current().policy, keys)
     if on_policy is not None:
         policy_listeners.append(on_policy)
     store.start()
@@ -213,6 +214,13 @@ def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: 
         require_client_cert=settings.client_ca is not None,
         budget_dir=budget_dir,
     )
+    from webhook.serving.audit_loop import build_audit_loop  # noqa: PLC0415
+
+    audit_loop = build_audit_loop(settings.audit, cluster, store, keys, audit, budget_dir,
+                                  known_driver=runtime.is_known_driver)
+    if audit_loop is not None:
+        audit_loop.start()
+        atexit.register(audit_loop.stop)  # gives the Lease up, so that another replica takes over at once
     return create_app(runtime)
 
 
@@ -228,7 +236,7 @@ def _known_driver(store: Any, cluster: Any) -> Any:
     return known
 
 
-def build_cluster(settings: Settings, policy: Any) -> tuple[Any, Any, Any, Any]:
+def build_cluster(settings: Settings, policy: Any, keys: Any = None) -> tuple[Any, Any, Any, Any]:
     """This worker's cluster view (watch caches filled by the kubernetes client, never called per request).
 
     Returns (view, readiness() -> (ready, reason), on_policy(policy) for hot reload or None,
@@ -243,7 +251,8 @@ def build_cluster(settings: Settings, policy: Any) -> tuple[Any, Any, Any, Any]:
     from webhook.kube.watch import build_cluster_view  # noqa: PLC0415
 
     view, caches = build_cluster_view(
-        settings.kubeconfig, policy.pod_version_sources(), settings.max_staleness, settings.cache_sync_timeout
+        settings.kubeconfig, policy.pod_version_sources(), settings.max_staleness, settings.cache_sync_timeout,
+        state_keys=keys,  # the CSINode watch: the audit, one cluster budget, the newest state per object
     )
 
     def on_policy(new_policy: Any) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from webhook.serving.audit_settings import AuditSettings
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -67,6 +69,8 @@ class Settings:
     """Name of the Mutating- and ValidatingWebhookConfiguration whose caBundle the guard keeps current."""
     namespace: str | None = None
     """The guard's namespace for those Secrets; None: the pod's own (its service account's), else csinode-guard."""
+    audit: AuditSettings = field(default_factory=AuditSettings)
+    """The background audit and reconciler (:mod:`webhook.serving.audit_loop`)."""
     extra: dict[str, str] = field(default_factory=dict)
     """Reserved for forward-compatible options."""
 

@@ -1,9 +1,10 @@
 """Cluster facts from the Kubernetes API: watch caches behind the :class:`~webhook.admission.cluster.ClusterView`
 protocol.
 
-This package is the only code that reads the Kubernetes API for the admission path. It keeps four kinds of watch
-cache -- Nodes, CSIDrivers, VolumeAttachments and the CSI drivers' node pods -- filled by one list+watch thread
-per collection (see :mod:`webhook.kube.watch.reflector`), and answers the rules' lookups from memory only.
+This package is the only code that reads the Kubernetes API for the admission path. It keeps five kinds of watch
+cache -- Nodes, CSIDrivers, VolumeAttachments, the CSI drivers' node pods and (given the state keys) CSINodes --
+filled by one list+watch thread per collection (see :mod:`webhook.kube.watch.reflector`), and answers the rules'
+lookups from memory only.
 
 Use::
 
@@ -20,6 +21,9 @@ RBAC -- exactly what the guard's ServiceAccount needs, and nothing more (every r
     - apiGroups: ["storage.k8s.io"]
       resources: ["csidrivers", "volumeattachments"]
       verbs: ["get", "list", "watch"]
+    - apiGroups: ["storage.k8s.io"]        # the CSINode watch (with the state keys), and the audit's repair
+      resources: ["csinodes"]
+      verbs: ["get", "list", "watch", "update"]
 
     # Role csinode-guard-driver-pods + RoleBinding, in each namespace named by a policy `pod` versionSource
     # (e.g. kube-system for the aws-ebs-csi-driver node DaemonSet)

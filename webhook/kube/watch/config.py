@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 from webhook import __version__
 from webhook.admission.cluster import ClusterView, PodVersionSource, UnknownClusterView
+from webhook.admission.state import StateKeys
 from webhook.kube.kubeapi import load_configuration
 from webhook.kube.watch.settings import CacheSettings
 from webhook.kube.watch.view import KubernetesClusterView
@@ -124,13 +125,14 @@ def build_cluster_view(
     *,
     settings: CacheSettings | None = None,
     start: bool = True,
+    state_keys: StateKeys | None = None,
 ) -> tuple[ClusterView, ClusterCaches]:
     """The cluster view and its control surface.
 
     With a cluster (see :func:`load_api_client`): a :class:`KubernetesClusterView` (both values are that object),
     started unless ``start`` is False. Without one: :class:`~webhook.admission.cluster.UnknownClusterView` and
     :class:`OfflineCaches`, and one log line. ``max_staleness`` and ``cache_sync_timeout`` are seconds and
-    override ``settings``.
+    override ``settings``; ``state_keys`` adds the CSINode watch (:mod:`webhook.kube.watch.csinodes`).
     """
     api_client = load_api_client(kubeconfig)
     if api_client is None:
@@ -139,7 +141,7 @@ def build_cluster_view(
         )
         return UnknownClusterView(), OfflineCaches()
     effective = replace(settings or CacheSettings(), max_staleness=max_staleness, cache_sync_timeout=cache_sync_timeout)
-    view = KubernetesClusterView(api_client, sources, effective)
+    view = KubernetesClusterView(api_client, sources, effective, state_keys=state_keys)
     if start:
         view.start()
     return view, view

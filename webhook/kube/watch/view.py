@@ -9,7 +9,11 @@ nodes               ``/api/v1/nodes``                              labels, ``sta
 csidrivers          ``/apis/storage.k8s.io/v1/csidrivers``         ``spec.nodeAllocatableUpdatePeriodSeconds``
 volumeattachments   ``/apis/storage.k8s.io/v1/volumeattachments``  attacher, nodeName, attached, attachError
 pods                ``/api/v1/namespaces/<ns>/pods?labelSelector``  DaemonSet pods only: node, labels, images
+csinodes            ``/apis/storage.k8s.io/v1/csinodes``           drivers and counts, verified state (with keys)
 ==================  =============================================  ===========================================
+
+The CSINode watch runs when the view is given the state keys (:mod:`webhook.kube.watch.csinodes`): the audit
+loop, the cluster-wide increase budget and the newest state sequence per object read it.
 
 There is one pod watch per distinct (namespace, label selector) of the policy's ``pod`` version sources.
 
@@ -29,7 +33,9 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from webhook.admission.cluster import AttachError, PodVersionSource
+from webhook.admission.state import StateKeys
 from webhook.kube.watch import metrics
+from webhook.kube.watch.csinodes import CSINodeRecord, CSINodeStore, IncreaseLedger, make_parser
 from webhook.kube.watch.pod_store import PodStore
 from webhook.kube.watch.records import (
     CSIDriverRecord,
@@ -51,7 +57,7 @@ log = logging.getLogger("webhook.providers.view")
 
 R = TypeVar("R")
 
-KINDS = ("nodes", "csidrivers", "volumeattachments", "pods")
+KINDS = ("nodes", "csidrivers", "volumeattachments", "pods", "csinodes")
 """Cache kinds, as used in the ``kind`` label of the cache metrics."""
 
 PodWatchKey = tuple[str, str]
@@ -85,9 +91,11 @@ class KubernetesClusterView:
         api_client: Any,
         pod_sources: Sequence[PodVersionSource] = (),
         settings: CacheSettings | None = None,
+        state_keys: StateKeys | None = None,
     ) -> None:
         """``api_client`` is a configured ``kubernetes.client.ApiClient``; ``pod_sources`` are the policy's
-        ``pod`` version sources (replace them later with :meth:`set_pod_sources`)."""
+        ``pod`` version sources (replace them later with :meth:`set_pod_sources`); with ``state_keys`` the view
+        also watches CSINodes and verifies their state (:mod:`webhook.kube.watch.csinodes`)."""
         self._api = api_client
         self._settings = settings or CacheSettings()
         self._budget = self._settings.lookup_budget
@@ -102,6 +110,13 @@ class KubernetesClusterView:
             parse_volume_attachment,
             Store("volumeattachments", {"attached": _attached_key, "errors": _error_key}),
         )
+        self.increase_ledger = IncreaseLedger()
+        self.csinode_store = CSINodeStore(self.increase_ledger)
+        self.csinodes: Reflector[CSINodeRecord] | None = None
+        if state_keys is not None:
+            self.csinodes = self._reflector(
+                "csinodes", "/apis/storage.k8s.io/v1/csinodes", make_parser(state_keys), self.csinode_store
+            )
         self._pod_watches: dict[PodWatchKey, Reflector[PodRecord]] = {}
         self._pod_sources: Mapping[str, tuple[PodVersionSource, Reflector[PodRecord]]] = {}
         self._sources_lock = threading.Lock()
@@ -191,7 +206,8 @@ class KubernetesClusterView:
 
     def _reflectors(self) -> list[Reflector[Any]]:
         pods: list[Reflector[Any]] = list(self._pod_watches.values())
-        return [self.nodes, self.csidrivers, self.volumeattachments, *pods]
+        csinodes: list[Reflector[Any]] = [self.csinodes] if self.csinodes is not None else []
+        return [self.nodes, self.csidrivers, self.volumeattachments, *pods, *csinodes]
 
     # --- readiness --------------------------------------------------------------------------------------------
 
@@ -332,9 +348,32 @@ class KubernetesClusterView:
         bucket = self._bucket(self.volumeattachments, "attached", (node, driver))
         return None if bucket is None else len(bucket)
 
+    @property
+    def api_client(self) -> Any:
+        """The ``kubernetes.client.ApiClient`` the caches use (the audit loop sends its writes through it too)."""
+        return self._api
+
     def newest_state_sequence(self, uid: str) -> int | None:
-        """Unknown (None) for now: no CSINode watch feeds this view yet (:meth:`ClusterView.newest_state_sequence`)."""
-        return None
+        """The highest verified state ``sequence`` the CSINode watch has seen for the object ``uid``; None when it
+        saw none, or when the CSINode cache is not watched or not fresh (unknown)."""
+        if self.csinodes is None or not self.csinodes.fresh(time.monotonic(), self._max_staleness):
+            return None
+        return self.csinode_store.newest_sequence(uid)
+
+    def csinodes_fresh(self) -> bool:
+        """True when the CSINode cache is watched, synced and not stale (the audit and the budget may use it)."""
+        return self.csinodes is not None and self.csinodes.fresh(time.monotonic(), self._max_staleness)
+
+    def csinode_records(self) -> list[CSINodeRecord]:
+        """Every CSINode now (an empty list when the cache is not watched)."""
+        return self.csinode_store.snapshot() if self.csinodes is not None else []
+
+    def node_labels_for_audit(self, node: str) -> Mapping[str, str] | None:
+        """:meth:`node_labels` for the audit loop, which waits for the lock (it is off the admission path)."""
+        if not self.nodes.fresh(time.monotonic(), self._max_staleness):
+            return None
+        _, record = self.nodes.store.get(node, 5.0)
+        return None if record is None else MappingProxyType(record.labels)
 
     # --- metrics ----------------------------------------------------------------------------------------------
 

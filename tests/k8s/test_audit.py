@@ -1,0 +1,369 @@
+"""The background audit and reconciler on the real apiserver: what is already stored is judged, reported and
+(``spec.reconcile: clamp``) repaired by exactly one replica, the one holding the audit Lease.
+
+The counts enter the way they do in production: kubelet's own code (``kubelet-csinode``) registers a driver while
+the guard is down (the registration entry is ``failurePolicy: Ignore``), or a policy reload lowers a ceiling under
+counts already stored. Every guard runs as the admin kubeconfig's user (``test-admin``), listed as a writer in its
+policy, as the guard's ServiceAccount is in ``deploy/``; its Lease lives in ``default`` under a name of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from tests.k8s.controlplane import (
+    ADMIN_USER,
+    ControlPlane,
+    Guard,
+    counts,
+    csinode_writes,
+    policy_file,
+    unique,
+    wait_until,
+)
+
+EBS = "ebs.csi.aws.com"
+M6I_LARGE = {"node.kubernetes.io/instance-type": "m6i.large"}
+CEILING = 27  # the shipped profile's value for m6i.large (an unlisted Nitro type)
+INTERVAL = "2"  # --audit-interval of these tests (seconds)
+SPACING = 0.3  # seconds between the increases of the shared-budget burst
+
+
+def audit_policy(path: Path, reconcile: str, *, ceiling: int | None = None, budget: tuple[float, int] | None = None,
+                 min_interval: str = "1s") -> Path:
+    """The bundled policy with ``spec.reconcile``, the admin user as a writer (the guard's identity here), and
+    optionally a lower EBS ``ceiling.max`` and another cluster budget."""
+
+    def edit(doc: dict[str, Any]) -> None:
+        spec = doc["spec"]
+        spec["reconcile"] = reconcile
+        spec["writers"]["users"] = [ADMIN_USER]
+        spec["rules"]["change-rate"]["minInterval"] = min_interval
+        if ceiling is not None:
+            spec["drivers"][EBS].setdefault("ceiling", {}).update({"max": ceiling, "unknown": ceiling})
+        if budget is not None:
+            spec["rules"]["change-rate"]["clusterBudget"] = {"increasesPerSecond": budget[0], "burst": budget[1]}
+
+    return policy_file(path, edit)
+
+
+def audit_args(lease: str, *extra: str) -> tuple[str, ...]:
+    return ("--audit-interval", INTERVAL, "--lease-namespace", "default", "--lease-name", lease,
+            "--lease-duration", "6", *extra)
+
+
+def scrape(guard: Guard) -> dict[str, float]:
+    """The guard's merged metrics: ``name{labels}`` -> value."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{guard.metrics_port}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            out[key] = float(value)
+    return out
+
+
+def metric(guard: Guard, name: str, **labels: str) -> float:
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return scrape(guard).get(f"{name}{{{inner}}}" if labels else name, 0.0)
+
+
+def stored(control_plane: ControlPlane, node: str) -> int | None:
+    return counts(control_plane.get_csinode(node)).get(EBS)
+
+
+def install(control_plane: ControlPlane, node: str, max_volumes: int) -> None:
+    out = control_plane.kubelet(node, "install", "--driver", EBS, "--node-id", "i-1", "--max-volumes",
+                                str(max_volumes))
+    assert f"OK install driver={EBS}" in out.stdout, out.stdout + out.stderr
+
+
+def restart_plugin_while_down(control_plane: ControlPlane, guard: Guard, node: str) -> None:
+    """First registration (25) with the guard up, then the guard stopped and a plugin restart reporting 39 (the
+    old driver's static table): stored, as the registration entry is failurePolicy Ignore."""
+    install(control_plane, node, 25)
+    assert stored(control_plane, node) == 25
+    guard.stop()
+    control_plane.kubelet(node, "uninstall", "--driver", EBS)
+    install(control_plane, node, 39)
+    assert stored(control_plane, node) == 39
+
+
+def new_node(control_plane: ControlPlane, prefix: str) -> str:
+    node = unique(prefix)
+    control_plane.create_node(node, M6I_LARGE)
+    return node
+
+
+def audit_events_about(control_plane: ControlPlane, node: str) -> list[dict[str, Any]]:
+    """The events.k8s.io/v1 Events about CSINode ``node``."""
+    found = control_plane.kubectl_json("get", "events.events.k8s.io", "-n", "default",
+                                       "-l", "csinode-guard.io/audit")
+    return [e for e in found["items"] if (e.get("regarding") or {}).get("name") == node]
+
+
+def writers_of(control_plane: ControlPlane, node: str) -> list[str]:
+    return [str((e.get("user") or {}).get("username")) for e in control_plane.audit_events(csinode_writes(node))
+            if (e.get("responseStatus") or {}).get("code", 200) < 300]
+
+
+def test_a_count_stored_while_the_guard_was_down_is_lowered_to_the_ceiling_by_the_guard(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    node = new_node(control_plane, "outage")
+    lease = unique("audit")
+    guard = guard_factory(audit_policy(tmp_path / "clamp.yaml", "clamp"), extra_args=audit_args(lease))
+    restart_plugin_while_down(control_plane, guard, node)
+    kubelet_writes = len(writers_of(control_plane, node))
+
+    guard.start()
+    wait_until(lambda: stored(control_plane, node) == CEILING, timeout=30, what="the audit repairs 39 -> 27")
+
+    writes = writers_of(control_plane, node)
+    assert writes[kubelet_writes:] == [ADMIN_USER], "one repair, by the guard's identity, no kubelet write"
+    events = wait_until(lambda: audit_events_about(control_plane, node), timeout=20, what="an Event")
+    notes = " ".join(e.get("note", "") for e in events)
+    assert "above the ceiling 27" in notes and "lowered ebs.csi.aws.com to 27" in notes, notes
+    assert {e["reason"] for e in events} >= {"StandingViolation", "Reconciled"}
+    wait_until(lambda: metric(guard, "csinode_guard_reconcile_repairs_total", driver=EBS, result="repaired") == 1,
+               timeout=10, what="the repair counted")
+    assert metric(guard, "csinode_guard_leader") == 1
+    assert metric(guard, "csinode_guard_audit_passes_total", trigger="start") >= 1
+    wait_until(lambda: metric(guard, "csinode_guard_standing_violations", rule="count-ceiling", driver=EBS) == 0,
+               timeout=15, what="the next pass finds nothing standing")
+    records = [r for r in guard.decisions() if r.get("source") == "audit" and r.get("node") == node]
+    assert {r["decision"] for r in records} == {"standing-violation", "repaired"}, records
+    assert all(r["uid"] is None and r["endpoint"] == "audit" for r in records)
+    repaired = next(r for r in records if r["decision"] == "repaired")
+    assert (repaired["old"], repaired["new"], repaired["final"]) == (39, CEILING, CEILING)
+
+
+def test_report_mode_reports_and_writes_nothing(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    node = new_node(control_plane, "report")
+    guard = guard_factory(audit_policy(tmp_path / "report.yaml", "report"), extra_args=audit_args(unique("audit")))
+    restart_plugin_while_down(control_plane, guard, node)
+    writes = len(writers_of(control_plane, node))
+
+    guard.start()
+    wait_until(lambda: metric(guard, "csinode_guard_standing_violations", rule="count-ceiling", driver=EBS) >= 1,
+               timeout=30, what="the standing violation reported")
+    wait_until(lambda: audit_events_about(control_plane, node), timeout=20, what="an Event")
+    time.sleep(2 * float(INTERVAL) + 1)  # two more passes
+
+    assert stored(control_plane, node) == 39
+    assert len(writers_of(control_plane, node)) == writes
+    assert metric(guard, "csinode_guard_reconcile_repairs_total", driver=EBS, result="repaired") == 0
+    records = [r for r in guard.decisions() if r.get("source") == "audit" and r.get("node") == node]
+    assert [r["decision"] for r in records] == ["standing-violation"], "reported once, not every pass"
+    status = ("status", "--node", node, "--policy", str(guard.policy_path),
+              "--state-key-file", str(guard.cert_dir / "state.key"))
+    table = guard.csinode_guard(*status).stdout
+    assert "standing violations (1;" in table and "above the ceiling 27" in table, table
+    doc = json.loads(guard.csinode_guard(*status, "-o", "json").stdout)
+    [standing] = doc["standingViolations"]
+    assert {k: standing[k] for k in ("node", "driver", "rule", "stored", "allowed", "repairable")} == {
+        "node": node, "driver": EBS, "rule": "count-ceiling", "stored": 39, "allowed": CEILING, "repairable": True}
+    first_event = min(e["eventTime"] for e in audit_events_about(control_plane, node))
+    assert standing["since"] == first_event, "since: when the audit first reported it"
+
+
+def test_a_policy_reload_with_a_lower_ceiling_repairs_the_nodes_already_stored(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    nodes = [new_node(control_plane, "reload") for _ in range(2)]
+    path = audit_policy(tmp_path / "policy.yaml", "clamp")
+    guard = guard_factory(path, extra_args=audit_args(unique("audit"), "--audit-interval", "0"))
+    for node in nodes:
+        install(control_plane, node, 25)
+    assert [stored(control_plane, n) for n in nodes] == [25, 25]
+
+    audit_policy(path, "clamp", ceiling=20)  # the reload is the only trigger (--audit-interval 0)
+
+    wait_until(lambda: [stored(control_plane, n) for n in nodes] == [20, 20], timeout=30,
+               what="both nodes lowered to the new ceiling")
+    assert metric(guard, "csinode_guard_audit_passes_total", trigger="policy-reload") >= 1
+    assert metric(guard, "csinode_guard_audit_passes_total", trigger="interval") == 0
+
+
+def lease_holder(control_plane: ControlPlane, lease: str) -> str:
+    found = control_plane.kubectl_json("get", "lease", lease, "-n", "default")
+    return str(found["spec"].get("holderIdentity") or "")
+
+
+def test_two_replicas_only_the_lease_holder_repairs_and_the_other_takes_over_when_it_is_killed(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    """Two replicas of one deployment (neither registered here: the counts enter unjudged, as during an outage)."""
+    lease = unique("audit")
+    path = audit_policy(tmp_path / "policy.yaml", "clamp")
+    replicas = [guard_factory(path, extra_args=audit_args(lease), register=False) for _ in range(2)]
+    holder = wait_until(lambda: lease_holder(control_plane, lease), timeout=20, what="a Lease holder")
+    wait_until(lambda: sum(metric(g, "csinode_guard_leader") for g in replicas) == 1, timeout=10,
+               what="exactly one leader")
+    leader, follower = replicas if metric(replicas[0], "csinode_guard_leader") == 1 else replicas[::-1]
+    node = new_node(control_plane, "ha")
+    install(control_plane, node, 39)
+    wait_until(lambda: stored(control_plane, node) == CEILING, timeout=30, what="repaired")
+    time.sleep(2 * float(INTERVAL))
+    assert metric(leader, "csinode_guard_reconcile_repairs_total", driver=EBS, result="repaired") == 1
+    assert metric(follower, "csinode_guard_reconcile_repairs_total", driver=EBS, result="repaired") == 0
+    assert metric(follower, "csinode_guard_audit_passes_total", trigger="start") == 0
+
+    assert leader.process is not None
+    os.killpg(leader.process.pid, signal.SIGKILL)  # no release: the Lease must expire
+    leader.process.wait(10)
+    killed = time.monotonic()
+    wait_until(lambda: lease_holder(control_plane, lease) not in ("", holder), timeout=20,
+               what="the other replica takes the Lease")
+    took = time.monotonic() - killed
+    print(f"\n[lease] takeover after SIGKILL of the leader: {took:.1f}s (lease duration 6s, retry 1.2s)")
+    assert took <= 6 + 1.2 + 1.5, "replaced within the Lease duration (plus one retry and the kubectl round trip)"
+    wait_until(lambda: metric(follower, "csinode_guard_leader") == 1, timeout=10, what="follower leads")
+
+    other = new_node(control_plane, "ha")
+    install(control_plane, other, 39)
+    wait_until(lambda: stored(control_plane, other) == CEILING, timeout=30, what="the new leader repairs")
+    assert metric(follower, "csinode_guard_reconcile_repairs_total", driver=EBS, result="repaired") == 1
+
+
+def test_a_conflict_during_a_repair_loses_no_newer_write(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    """A repair races kubelet: kubelet's newer write lands between the guard's GET and its PUT, the PUT gets 409,
+    the guard reads again and judges the newer object: kubelet's lower count (20) is kept, never overwritten."""
+    node = new_node(control_plane, "conflict")
+    guard = guard_factory(audit_policy(tmp_path / "policy.yaml", "clamp"),
+                          extra_args=audit_args(unique("audit"), "--reconcile-rate", "0.2", "--reconcile-burst", "1"))
+    install(control_plane, node, 25)
+    # use up the repair burst on another node, so the next repair waits ~5 s between its GET and its PUT
+    spare = new_node(control_plane, "conflict")
+    install(control_plane, spare, 25)
+    guard.stop()
+    for n in (spare, node):
+        control_plane.kubelet(n, "uninstall", "--driver", EBS)
+        install(control_plane, n, 39)
+    guard.start()
+    wait_until(lambda: CEILING in (stored(control_plane, spare), stored(control_plane, node)), timeout=30,
+               what="the first repair")
+    waiting = node if stored(control_plane, spare) == CEILING else spare
+    out = control_plane.kubelet(waiting, "update", "--driver", EBS, "--max-volumes", "20")  # a decrease: admitted
+    assert "OK update" in out.stdout
+    conflicts = wait_until(lambda: [e for e in control_plane.audit_events(csinode_writes(waiting))
+                                    if (e.get("user") or {}).get("username") == ADMIN_USER
+                                    and (e.get("responseStatus") or {}).get("code") == 409],
+                           timeout=20, what="the repair's PUT on the older resourceVersion refused with 409")
+    assert conflicts
+    time.sleep(2 * float(INTERVAL) + 1)
+    assert stored(control_plane, waiting) == 20, "kubelet's newer, lower count stands"
+    assert metric(guard, "csinode_guard_reconcile_repairs_total", driver=EBS, result="conflict") == 0
+
+
+def test_three_replicas_share_one_cluster_budget(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    """Three replicas behind one Service (a round-robin TCP proxy in front of them; one webhook configuration)
+    take a burst of increases at once. A budget per replica would admit three bursts; the watched budget admits
+    one burst plus what the replicas admit within the watch delay."""
+    burst = 6
+    path = audit_policy(tmp_path / "policy.yaml", "report", budget=(0.05, burst), min_interval="1s")
+    key = uuid.uuid4().hex + uuid.uuid4().hex + "\n"
+    for i in range(3):  # guard_factory's work directories: one state key for the deployment, as from its Secret
+        certs = tmp_path / f"guard{i}" / "certs"
+        certs.mkdir(parents=True)
+        (certs / "state.key").write_text(key)
+    guards = [guard_factory(path, register=False, extra_args=("--no-audit", "--connection-max-age", "0.001"))
+              for _ in range(3)]  # a new connection (and replica) per request
+    proxy = RoundRobinProxy([g.port for g in guards])
+    proxy.start()
+    try:
+        guards[0].csinode_guard("register", "--url", f"https://127.0.0.1:{proxy.port}", "--cert-dir",
+                                str(guards[0].cert_dir), "--name", guards[0].name)
+        guards[0].registered = True
+        wait_until(lambda: control_plane.probe_write().returncode == 0
+                   and any(r.get("node") == ControlPlane.PROBE_NODE for g in guards for r in g.decisions()),
+                   timeout=30, what="the proxy's guards called")
+        nodes = [new_node(control_plane, "budget") for _ in range(3 * burst)]
+        for node in nodes:
+            install(control_plane, node, 10)
+        time.sleep(2.0)  # minInterval 1s since each registration
+        threads = [threading.Thread(target=control_plane.kubelet, args=(n, "update", "--driver", EBS,
+                                                                         "--max-volumes", "12"),
+                                    kwargs={"check": False}) for n in nodes]
+        for t in threads:  # one burst, spread over the replicas, a little slower than the watch shows each
+            t.start()
+            time.sleep(SPACING)
+        for t in threads:
+            t.join()
+        raised = sum(1 for n in nodes if stored(control_plane, n) == 12)
+        judged = [sum(1 for r in g.decisions() if r.get("endpoint") == "mutate" and r.get("node") in nodes
+                      and r.get("change") == "increase") for g in guards]
+        print(f"\n[budget] increases judged per replica: {judged}")
+        assert sum(1 for j in judged if j) >= 2, "the burst spread over the replicas"
+        print(f"\n[budget] 3 replicas, burst {burst}, {len(nodes)} increases {SPACING}s apart: {raised} admitted "
+              f"(overshoot {raised - burst}; a budget per replica admits up to {3 * burst})")
+        assert burst <= raised <= burst + 2, "one budget, not one per replica (overshoot: the watch delay)"
+    finally:
+        guards[0].unregister(check=False, wait=False)
+        proxy.stop()
+
+
+class RoundRobinProxy:
+    """A TCP proxy on 127.0.0.1 that sends each new connection to the next backend port (a Service's spread)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        import socket  # noqa: PLC0415
+
+        self.ports = ports
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self._listener.getsockname()[1])
+        self._next = 0
+        self._stop = threading.Event()
+
+    def start(self) -> None:
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        import socket  # noqa: PLC0415
+
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            port = self.ports[self._next % len(self.ports)]
+            self._next += 1
+            try:
+                upstream = socket.create_connection(("127.0.0.1", port))
+            except OSError:
+                client.close()
+                continue
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(src: Any, dst: Any) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(2)
+

@@ -1,0 +1,321 @@
+"""The background audit and reconciler: judge every stored CSINode, report, and (``spec.reconcile: clamp``) repair.
+
+Which process runs it: one per cluster. Inside a replica, the gunicorn workers compete for an exclusive ``flock``
+on a file in the replica's shared directory (the kernel releases it when its holder dies, so a replaced worker
+takes over); the worker holding it campaigns for the ``coordination.k8s.io/v1`` Lease
+(:mod:`webhook.kube.leader`) against the other replicas. Only the Lease holder audits, sends Events and repairs;
+every worker of every replica keeps serving admission. The audit reuses the worker's watch caches (the CSINode
+watch, Node labels for the ceilings) and its policy store, so it costs no second copy of the cluster in memory.
+
+Passes: at ``start`` (once the CSINode cache synced after this process became the leader), after every
+``relist`` of the CSINode watch, after a ``policy-reload`` (a new policy generation) and every ``interval``
+seconds. A pass judges every record with :func:`webhook.admission.standing.judge_standing`, publishes the
+``csinode_guard_standing_violations`` gauge, sends an Event per new finding (deduplicated, rate-limited),
+writes an audit record per new or changed finding (``source: audit``), and with ``clamp`` lowers the counts
+through the apiserver (:func:`webhook.kube.repair.repair_csinode`, at the client-side write rate limit).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from webhook.admission.csinode import CSINodeError, parse_csinode
+from webhook.admission.policy import Policy
+from webhook.admission.standing import (
+    ReconcileMode,
+    StandingFinding,
+    StandingJudgement,
+    audit_record,
+    judge_standing,
+    reconcile_mode,
+)
+from webhook.admission.state import STATE_ANNOTATION, StateKeys, decode_state
+from webhook.kube.events import EventRecorder, event_name
+from webhook.kube.kubeapi import KubeClient
+from webhook.kube.leader import LeaderElector, LeaseSettings
+from webhook.kube.repair import RepairRateLimiter, RepairResult, repair_csinode
+from webhook.kube.watch.view import KubernetesClusterView
+from webhook.serving import audit_metrics
+from webhook.serving.audit_settings import AuditSettings
+
+log = logging.getLogger("csinode_guard.audit")
+
+NO_DRIVER = "none"
+"""The ``driver`` label of a finding about an object's state."""
+
+
+def candidate_identity() -> str:
+    """``<hostname>_<pid>``: the pod name (a pod's hostname) and this worker process."""
+    return f"{socket.gethostname()}_{os.getpid()}"
+
+
+@dataclass
+class AuditStatus:
+    """What the last pass found: findings by node, and the passes run so far."""
+
+    findings: dict[str, tuple[StandingFinding, ...]] = field(default_factory=dict)
+    passes: int = 0
+
+
+class AuditLoop:
+    """The loop of one process; :meth:`start` returns at once (see the module docstring)."""
+
+    def __init__(
+        self,
+        view: KubernetesClusterView,
+        policies: Any,
+        keys: StateKeys,
+        audit: Any,
+        client: KubeClient,
+        settings: AuditSettings,
+        *,
+        lock_dir: Path | None = None,
+        known_driver: Any = None,
+    ) -> None:
+        """``policies`` is the worker's :class:`webhook.serving.live_policy.PolicyStore`, ``audit`` its
+        :class:`webhook.serving.audit_writer.AuditWriter`, ``client`` the guard's own API client; ``lock_dir`` the
+        replica's shared directory (None: this process is the replica's only candidate)."""
+        self.view = view
+        self.policies = policies
+        self.keys = keys
+        self.audit = audit
+        self.client = client
+        self.settings = settings
+        self.lock_dir = lock_dir
+        self.known_driver = known_driver
+        self.identity = candidate_identity()
+        self.elector = LeaderElector(client, self.identity, LeaseSettings(
+            namespace=settings.lease_namespace, name=settings.lease_name, lease_duration=settings.lease_duration,
+            renew_deadline=settings.renew_deadline, retry_period=settings.retry_period,
+        ), on_change=self._on_leadership)
+        self.events = EventRecorder(client, self.identity, rate=settings.event_rate, burst=settings.event_burst)
+        self.limiter = RepairRateLimiter(settings.repair_rate, settings.repair_burst)
+        self.status = AuditStatus()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock_fd: int | None = None
+        self._published: set[tuple[str, str]] = set()
+        self._recorded: dict[tuple[str, str], str] = {}
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the loop thread (once)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="csinode-guard-audit", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        """End the loop and give the Lease up."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self.elector.stop(release=True)
+
+    def _on_leadership(self, leading: bool) -> None:
+        audit_metrics.LEADER.set(1 if leading else 0)
+        if not leading:
+            self._clear_gauges()
+
+    def _replica_lock(self) -> bool:
+        """Hold the replica's audit lock (non-blocking); True once held."""
+        if self.lock_dir is None or self._lock_fd is not None:
+            return True
+        fd = os.open(self.lock_dir / "audit.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._lock_fd = fd
+        log.info("this worker (pid %d) runs the replica's audit candidate", os.getpid())
+        return True
+
+    # --- the loop ---------------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        audit_metrics.LEADER.set(0)
+        while not self._stop.is_set():
+            try:
+                if self._replica_lock():
+                    break
+            except OSError as exc:
+                log.warning("audit lock unusable (%s); this worker campaigns anyway", exc)
+                break
+            self._stop.wait(1.0)
+        if self._stop.is_set():
+            return
+        self.elector.start()
+        last_pass = 0.0
+        relists = -1
+        generation = -1
+        leading = False
+        while not self._stop.wait(self.settings.poll):
+            try:
+                if not self.elector.is_leader or not self.view.csinodes_fresh():
+                    leading = leading and self.elector.is_leader
+                    continue
+                trigger = None
+                store = self.view.csinode_store
+                snapshot = self.policies.current()
+                if not leading:
+                    trigger = "start"
+                elif store.relists != relists:
+                    trigger = "relist"
+                elif snapshot.generation != generation:
+                    trigger = "policy-reload"
+                elif self.settings.interval > 0 and time.monotonic() - last_pass >= self.settings.interval:
+                    trigger = "interval"
+                leading = True
+                relists, generation = store.relists, snapshot.generation
+                if trigger is None:
+                    continue
+                self.run_pass(trigger, snapshot.policy, snapshot.generation)
+                last_pass = time.monotonic()
+            except Exception:
+                log.exception("audit pass failed; retrying at the next trigger")
+
+    # --- one pass ---------------------------------------------------------------------------------------------
+
+    def judge_all(self, policy: Policy, now: datetime) -> list[StandingJudgement]:
+        """Judge every CSINode in the cache (no I/O but the cache's locks)."""
+        store = self.view.csinode_store
+        judgements = []
+        for record in self.view.csinode_records():
+            node = record.csinode
+            labels = self.view.node_labels_for_audit(node.name)
+            judgements.append(judge_standing(node, record.decoded, policy, labels, now,
+                                             newest_sequence=store.newest_sequence(node.uid)))
+        return judgements
+
+    def run_pass(self, trigger: str, policy: Policy, generation: int) -> list[StandingJudgement]:
+        """One audit pass (see the module docstring); returns its judgements."""
+        started = time.perf_counter()
+        now = datetime.now(UTC)
+        judgements = self.judge_all(policy, now)
+        duration = time.perf_counter() - started
+        audit_metrics.AUDIT_PASS_DURATION.observe(duration)
+        audit_metrics.AUDIT_PASSES.labels(trigger).inc()
+        self._publish(judgements)
+        found = [j for j in judgements if j.findings]
+        log.info("audit pass (%s): %d CSINodes, %d with findings, %.3f s", trigger, len(judgements), len(found),
+                 duration)
+        self._report(found, trigger, policy, generation, now)
+        if reconcile_mode(policy) is ReconcileMode.CLAMP:
+            for judgement in found:
+                if judgement.targets and not self._stop.is_set() and self.elector.is_leader:
+                    self._repair(judgement, trigger, policy, generation)
+        audit_metrics.AUDIT_LAST_PASS.set(time.time())
+        self.status.passes += 1
+        return judgements
+
+    def _driver_label(self, driver: str | None) -> str:
+        if driver is None:
+            return NO_DRIVER
+        from webhook.serving.metrics import driver_label  # noqa: PLC0415 - the serving worker's labels
+
+        return driver_label(driver, self.known_driver)
+
+    def _publish(self, judgements: list[StandingJudgement]) -> None:
+        counts: dict[tuple[str, str], int] = {}
+        for j in judgements:
+            for f in j.findings:
+                key = (f.rule, self._driver_label(f.driver))
+                counts[key] = counts.get(key, 0) + 1
+        for key in self._published - counts.keys():
+            audit_metrics.STANDING_VIOLATIONS.labels(*key).set(0)
+        for key, value in counts.items():
+            audit_metrics.STANDING_VIOLATIONS.labels(*key).set(value)
+        self._published |= counts.keys()
+
+    def _clear_gauges(self) -> None:
+        for key in self._published:
+            audit_metrics.STANDING_VIOLATIONS.labels(*key).set(0)
+
+    def _report(self, found: list[StandingJudgement], trigger: str, policy: Policy, generation: int,
+                now: datetime) -> None:
+        current: dict[str, tuple[StandingFinding, ...]] = {j.node: j.findings for j in found}
+        for gone in set(self.status.findings) - current.keys():
+            self.events.forget(gone)
+            for slot in [k for k in self._recorded if k[0] == gone]:
+                del self._recorded[slot]
+        records = []
+        for j in found:
+            for f in j.findings:
+                key = f.key
+                where = (j.node, f"{f.rule}/{f.driver}")
+                if self._recorded.get(where) != key:
+                    self._recorded[where] = key
+                    records.append(audit_record(f, now=now, trigger=trigger, policy_hash=policy.hash,
+                                                policy_generation=generation, decision="standing-violation",
+                                                final=f.stored))
+                self.events.emit(j.node, j.uid, key, reason="StandingViolation", action="Audit", note=f.line(),
+                                 name=event_name(j.node, key))
+        self.status.findings = current
+        if records:
+            self.audit.write(records)
+
+    def _judge_fresh(self, policy: Policy) -> Any:
+        """``judge(obj) -> targets`` for a repair: the object read from the apiserver, judged again."""
+
+        def judge(obj: Mapping[str, Any]) -> Mapping[str, int]:
+            try:
+                node = parse_csinode(obj)
+            except CSINodeError:
+                return {}
+            decoded = decode_state(node.annotations.get(STATE_ANNOTATION), node.uid, self.keys)
+            labels = self.view.node_labels_for_audit(node.name)
+            return judge_standing(node, decoded, policy, labels, datetime.now(UTC),
+                                  newest_sequence=self.view.csinode_store.newest_sequence(node.uid)).targets
+
+        return judge
+
+    def _repair(self, judgement: StandingJudgement, trigger: str, policy: Policy, generation: int) -> None:
+        outcome = repair_csinode(self.client, judgement.node, self._judge_fresh(policy),
+                                 dry_run=self.settings.dry_run, limiter=self.limiter, stop=self._stop.is_set)
+        if outcome.result is None:
+            return
+        lowered = outcome.lowered or dict(judgement.targets)
+        for driver in lowered:
+            audit_metrics.REPAIRS.labels(self._driver_label(driver), outcome.result.value).inc()
+        log.log(logging.INFO if outcome.result in (RepairResult.REPAIRED, RepairResult.DRY_RUN) else logging.WARNING,
+                "repair of CSINode %s: %s %s%s", judgement.node, outcome.result.value,
+                ", ".join(f"{d} -> {c}" for d, c in sorted(lowered.items())),
+                f" ({outcome.message})" if outcome.message else "")
+        now = datetime.now(UTC)
+        records = []
+        for f in judgement.findings:
+            if f.driver is None or f.driver not in lowered:
+                continue
+            repaired = outcome.result is RepairResult.REPAIRED
+            records.append(audit_record(f, now=now, trigger=trigger, policy_hash=policy.hash,
+                                        policy_generation=generation, decision=outcome.result.value,
+                                        final=lowered[f.driver] if repaired else f.stored, message=outcome.message))
+        if records:
+            self.audit.write(records)
+        if outcome.result is RepairResult.REPAIRED:
+            note = "lowered " + ", ".join(f"{d} to {c}" for d, c in sorted(lowered.items())) + \
+                   " (spec.reconcile: clamp)"
+            key = "repaired/" + ",".join(f"{d}={c}" for d, c in sorted(lowered.items()))
+            self.events.emit(judgement.node, judgement.uid, key, reason="Reconciled", action="Reconcile", note=note,
+                             warning=False, name=event_name(judgement.node, key))
+
+
+def build_audit_loop(settings: AuditSettings, view: Any, policies: Any, keys: StateKeys, audit: Any,
+                     lock_dir: Path | None, known_driver: Any = None) -> AuditLoop | None:
+    """The worker's audit loop, or None when the audit is off (``--audit-interval 0`` and no other trigger wanted)
+    or the view does not watch CSINodes (offline)."""
+    if not settings.enabled or not isinstance(view, KubernetesClusterView) or view.csinodes is None:
+        return None
+    return AuditLoop(view, policies, keys, audit, KubeClient(view.api_client), settings, lock_dir=lock_dir,
+                     known_driver=known_driver)

@@ -1,0 +1,91 @@
+"""One cluster-wide increase budget for every replica, counted from the watched CSINodes.
+
+``clusterBudget`` (``increasesPerSecond``, ``burst``) is a token bucket. Kept per process (or per replica, in a
+shared file: :mod:`webhook.serving.shared_budget`), three replicas admitted three bursts. Here every replica counts
+the same increases: the accepted increases the CSINode watch shows (:class:`webhook.kube.watch.csinodes.IncreaseLedger`:
+an entry of a verified state whose ``changedAt`` moved and whose count rose), as a sliding window of
+``burst / increasesPerSecond`` seconds holding at most ``burst`` increases -- the token bucket's burst, and its
+rate over any longer time.
+
+The watch shows an increase some milliseconds after the replica that admitted it answered. Until then that
+replica counts it itself (:meth:`WatchedIncreaseBudget.take` keeps it as pending, matched against the next
+increases the watch shows, or dropped after ``pending_ttl`` seconds when it was never stored: a later webhook
+refused the write, or it lost a conflict). Replicas that admit increases within the same watch delay do not see
+each other's: the overshoot is bounded by what the other replicas admit within that delay (README: measured).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Protocol, runtime_checkable
+
+from webhook.admission.budget import IncreaseBudget
+
+
+@runtime_checkable
+class WatchedIncreases(Protocol):
+    """The increases a CSINode watch has shown (:class:`webhook.kube.watch.csinodes.IncreaseLedger`)."""
+
+    total: int
+    """Increases shown so far (monotone)."""
+
+    def since(self, start: float) -> int:
+        """Increases at or after ``start`` (Unix seconds)."""
+        ...
+
+
+PENDING_TTL = 5.0
+"""Seconds an increase this replica admitted counts while the watch has not shown it."""
+
+
+class WatchedIncreaseBudget(IncreaseBudget):
+    """The cluster budget over ``ledger`` (see the module docstring). ``now`` arguments are
+    ``time.monotonic()`` seconds, as the server passes them; the ledger's times are wall-clock (they come
+    from the admitting replica's state timestamps), so the window is placed with ``time.time()``."""
+
+    def __init__(self, rate: float, burst: int, ledger: WatchedIncreases, pending_ttl: float = PENDING_TTL) -> None:
+        super().__init__(rate, burst)
+        self.ledger = ledger
+        self.window = burst / rate
+        self.pending_ttl = pending_ttl
+        self._pending: deque[tuple[float, int]] = deque()  # (monotonic time taken, ledger total at that time)
+        self._pending_lock = threading.Lock()
+
+    def _used(self, now: float) -> int:
+        """Increases inside the window: the ledger's, plus this process's own not shown yet (lock held)."""
+        while self._pending and now - self._pending[0][0] >= self.pending_ttl:
+            self._pending.popleft()
+        total = self.ledger.total
+        matched = 0
+        unmatched = 0
+        for _, seen_at_take in self._pending:
+            if total - seen_at_take > matched:
+                matched += 1  # the watch has shown (at least) one increase since: count it there, not here
+            else:
+                unmatched += 1
+        return self.ledger.since(time.time() - self.window) + unmatched
+
+    def available(self, now: float) -> float:
+        """Increases the cluster may still admit now (``burst`` minus the window's)."""
+        with self._pending_lock:
+            return float(max(0, self.burst - self._used(now)))
+
+    def take(self, n: int, now: float) -> bool:
+        """Admit ``n`` increases when the window has room for all of them (kept as pending); else False."""
+        with self._pending_lock:
+            if self._used(now) + n > self.burst:
+                return False
+            total = self.ledger.total
+            for _ in range(n):
+                self._pending.append((now, total))
+            return True
+
+
+def watched_budget(rate: float, burst: int, cluster: object) -> WatchedIncreaseBudget | None:
+    """A :class:`WatchedIncreaseBudget` over ``cluster``'s CSINode watch, or None when it has none (offline)."""
+    ledger = getattr(cluster, "increase_ledger", None)
+    if not isinstance(ledger, WatchedIncreases) or getattr(cluster, "csinodes", None) is None:
+        return None
+    return WatchedIncreaseBudget(rate, burst, ledger)
