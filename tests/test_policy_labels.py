@@ -96,3 +96,17 @@ def test_a_policy_selecting_only_by_safe_labels_has_no_warning(tmp_path: Path) -
 
     result = run_cli("policy", "validate", str(_policy(tmp_path, edit)), cwd=tmp_path)
     assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_a_min_version_judged_on_the_kubelets_own_version_is_named(tmp_path: Path) -> None:
+    def edit(spec: dict[str, Any]) -> None:
+        spec["defaults"]["minVersion"] = "v1.30.0"  # versionSource kubelet in the defaults
+        spec["drivers"][EBS]["minVersion"] = "v1.40.0"  # versionSource pod: not named
+        spec["drivers"]["pd.csi.storage.gke.io"]["versionSource"] = {"type": "kubelet"}
+
+    result = run_cli("policy", "validate", str(_policy(tmp_path, edit)), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    named = [w for w in result.stderr.splitlines() if "versionSource kubelet" in w]
+    assert [w.split(": ")[2] for w in named] == ["at $.spec.defaults.versionSource",
+                                                  "at $.spec.drivers['pd.csi.storage.gke.io'].versionSource"]
+    assert "drivers the policy does not name" in named[0] and "not a node that lies" in named[0]

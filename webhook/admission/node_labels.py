@@ -66,7 +66,8 @@ def kubelet_can_set(key: str) -> bool:
 
 
 class LabelWarning(NamedTuple):
-    """A policy setting that selects by a label the kubelet can set: ``path`` (a JSON path), ``label``, ``message``."""
+    """A policy setting that depends on what the node writes: ``path`` (a JSON path), ``label`` (the label, or ""),
+    ``message``."""
 
     path: str
     label: str

@@ -12,6 +12,7 @@ import yaml
 from webhook.admission.node_labels import node_label_warnings
 from webhook.admission.policy import PolicyError, load_policy, load_profile
 from webhook.admission.safe_yaml import load_yaml
+from webhook.admission.version_trust import version_source_warnings
 from webhook.kube.vap import VAP_NAME, export_vap
 from webhook.simulation.policy_test_files import KIND as TEST_KIND
 from webhook.simulation.policy_test_files import PolicyTestError, find_test_files, load_test_file
@@ -44,7 +45,8 @@ def _validate_one(path: Path) -> tuple[bool, str, list[str]]:
             doc = load_test_file(path)
             return True, f"{path}: ok (PolicyTest, {len(doc['cases'])} cases)", []
         loaded = load_policy(path)
-        warnings = [f"{path}: warning: at {w.path}: {w.message}" for w in node_label_warnings(loaded)]
+        found = [*node_label_warnings(loaded), *version_source_warnings(loaded)]
+        warnings = [f"{path}: warning: at {w.path}: {w.message}" for w in found]
         return True, f"{path}: ok (GuardPolicy {loaded.name!r}, hash {loaded.hash})", warnings
     except PolicyError as exc:
         return False, f"{exc.source}: invalid: at {exc.path or '(document)'}: {exc.constraint}", []
@@ -62,7 +64,8 @@ def validate(paths: tuple[Path, ...], quiet: bool) -> None:
     FILE: invalid: at PATH: CONSTRAINT (PATH is a JSON path inside the document). Exit code 1 when any file is
     invalid. A GuardPolicy whose ceiling nodeLabel or enforcementScope.nodeSelector uses a label the node's
     kubelet can set on its own Node (NodeRestriction) gets FILE: warning: at PATH: ... on standard error (exit
-    code unchanged); labels under node-restriction.kubernetes.io/ are the ones a kubelet cannot set.
+    code unchanged); labels under node-restriction.kubernetes.io/ are the ones a kubelet cannot set. So does a
+    minVersion judged on versionSource kubelet (the node reports its own kubeletVersion).
     """
     bad = 0
     files = find_test_files(list(paths))
