@@ -414,3 +414,64 @@ def test_timeline_ticks_of_a_short_incident_are_distinct(records: list[dict[str,
     assert len(labels) >= 3, texts
     assert len(set(labels)) == len(labels), labels
     assert any("2026" in t for t in texts[texts.index("time (UTC)"):]), texts
+
+
+def _write_log_from_registration(path: Path, writes: list[tuple[float, int]]) -> None:
+    """A guard audit log of NODE's kubelet registering EBS (the first write) and updating it (seconds after T0,
+    count)."""
+    policy = load_policy()
+    keys = StateKeys([b"k" * 32])
+    stored = base_csinode()
+    lines: list[str] = []
+    for i, (seconds, count) in enumerate(writes):
+        now = T0 + timedelta(seconds=seconds)
+        outcome = admit_write(stored, kubelet_update(stored, EBS, count), policy=policy, cluster=StaticClusterView(),
+                              keys=keys, now=now, uid=f"uid-{i}", username=KUBELET, groups=tuple(NODE_GROUPS))
+        for mode, decision in ((Mode.MUTATE, outcome.mutate), (Mode.VALIDATE, outcome.validate)):
+            if decision is not None and outcome.request is not None:
+                lines += [json.dumps(r) for r in build_records(decision, outcome.request, endpoint=mode, now=now,
+                                                                policy_hash=policy.hash, policy_generation=1,
+                                                                latency_seconds=0.001)]
+        assert outcome.stored is not None
+        stored = outcome.stored
+    path.write_text("\n".join(lines) + "\n")
+
+
+ALLOWED = "#4a8fd4"  # the marker of an allowed write
+
+
+def test_a_first_registration_starts_the_line_instead_of_a_spike_from_unbounded(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    _write_log_from_registration(log, [(0, 25), (120, 22), (240, 24), (360, 21)])
+    first = json.loads(log.read_text().splitlines()[0])
+    assert (first["change"], first["old"]) == ("registration", None)
+    svg, png = tmp_path / "t.svg", tmp_path / "t.png"
+    for out in (svg, png):
+        result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output", str(out))
+        assert result.returncode == 0, result.stderr
+    assert "unbounded" not in svg.read_text(), "no unbounded band: nothing here was ever unbounded"
+    inside = _plot_area(png)
+    stored, marks = _mask(png, STORED)[inside], _mask(png, ALLOWED)[inside]
+    line_top = min(r for r in range(stored.shape[0]) if stored[r].sum() >= 1)
+    marker_top = min(r for r in range(marks.shape[0]) if marks[r].sum() >= 1)
+    assert line_top >= marker_top - 2, "the stored line rises above the registered count (a spike)"
+
+
+def test_the_first_seconds_writes_are_spread_in_an_inset_not_piled_at_the_left_edge(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    _write_log_from_registration(log, [(0, 25), (0.3, 24), (0.6, 23), (0.9, 22), (120, 20), (240, 21), (360, 19)])
+    svg, png = tmp_path / "t.svg", tmp_path / "t.png"
+    for out in (svg, png):
+        result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output", str(out))
+        assert result.returncode == 0, result.stderr
+    assert "the first 4 writes, within 0.9 s of 02:00:00" in svg.read_text()
+    marks = _mask(png, ALLOWED)
+    centres = _centres([c for c in range(marks.shape[1]) if marks[:, c].sum() >= 2])
+    # The main plot: the burst at one x, then three later writes; the inset: the burst's four writes apart.
+    assert len(centres) >= 8, centres
+
+    spread = tmp_path / "spread.log"
+    _write_log_from_registration(spread, [(0, 25), (60, 24), (120, 23), (180, 22)])
+    calm = tmp_path / "calm.svg"
+    assert cli("timeline", str(spread), "--node", NODE, "--driver", EBS, "--output", str(calm)).returncode == 0
+    assert "the first" not in calm.read_text(), "no inset without a burst"

@@ -66,5 +66,8 @@ def test_the_denial_of_an_outdated_driver_also_names_the_ceiling(server_factory:
     answer = json.loads(server.post("/mutate", review(stored, kubelet_update(stored, EBS, 39))).data)["response"]
     assert answer["allowed"] is True
     assert answer["auditAnnotations"]["decision"] == "clamp"
-    assert any(w.startswith(f"[writer-version] ip-10-0-1-23.ec2.internal/{EBS}: 25 -> 39 (clamped to 25)")
+    # Both rules clamp: each line says what its own rule allows, and one line what was applied.
+    assert any(w.startswith(f"[writer-version] ip-10-0-1-23.ec2.internal/{EBS}: 25 -> 39 (this rule allows 25)")
+               for w in answer["warnings"]), answer["warnings"]
+    assert any(w.startswith(f"ip-10-0-1-23.ec2.internal/{EBS}: 25 -> 39 clamped to 25, what every one of ")
                for w in answer["warnings"]), answer["warnings"]

@@ -114,11 +114,16 @@ def test_kubelet_sequence_is_judged_as_the_design_says(server_factory: Any, tmp_
     api.put(with_annotation(api.stored, VERSIONS, json.dumps({EBS: "v1.30.0"})), **REPORTER)
     rollback = api.put(kubelet_update(api.stored, EBS, 39))["response"]
     assert rollback["allowed"] is True
+    # Two rules clamp: each line says what its own rule allows, one result line what was applied.
     assert rollback["warnings"][0] == (
-        f"[writer-version] ip-10-0-1-23.ec2.internal/{EBS}: 23 -> 39 (clamped to 23): driver version rolled back "
-        "v1.37.0 -> v1.30.0; increases are frozen for 6h; roll the driver forward, or have an approver justify the "
-        "rollback"
+        f"[writer-version] ip-10-0-1-23.ec2.internal/{EBS}: 23 -> 39 (this rule allows 23): driver version rolled "
+        "back v1.37.0 -> v1.30.0; increases are frozen for 6h; roll the driver forward, or have an approver justify "
+        "the rollback"
     )
+    assert rollback["warnings"][1].startswith(
+        f"[count-ceiling] ip-10-0-1-23.ec2.internal/{EBS}: 23 -> 39 (this rule allows 27): above the ceiling 27")
+    assert (f"ip-10-0-1-23.ec2.internal/{EBS}: 23 -> 39 clamped to 23, what every one of writer-version, "
+            "count-ceiling allows") in rollback["warnings"]
     assert any("writer-version deny acts as clamp for the node's kubelet" in w for w in rollback["warnings"])
     assert rollback["auditAnnotations"]["decision"] == "clamp"
     assert rollback["auditAnnotations"]["rules"] == "writer-version,count-ceiling"

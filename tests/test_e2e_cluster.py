@@ -84,8 +84,11 @@ def test_the_guard_judges_with_facts_from_its_watch_caches(
     # increase is held at the stored count.
     stored, answer = mutate_then_store(server, stored, kubelet_update(stored, EBS, 25))
     assert answer["allowed"] is True
+    # count-rollback and change-rate both hold it: each line says what its own rule allows.
     assert answer["warnings"][0].startswith(
-        f"[count-rollback] ip-10-0-1-23.ec2.internal/{EBS}: 23 -> 25 (clamped to 23): ")
+        f"[count-rollback] ip-10-0-1-23.ec2.internal/{EBS}: 23 -> 25 (this rule allows 23): ")
+    assert any(w.startswith(f"ip-10-0-1-23.ec2.internal/{EBS}: 23 -> 25 clamped to 23, what every one of ")
+               for w in answer["warnings"]), answer["warnings"]
     assert [d["allocatable"]["count"] for d in stored["spec"]["drivers"] if d["name"] == EBS] == [23]
 
     # The driver pod is rolled back to a version below minVersion: the watch brings it, increases are denied.

@@ -124,7 +124,7 @@ def build_records(
             driver=driver,
             change=change.change.kind.value,
             registration=change.change.registration,
-            old=_count(change.before),
+            old=None if change.change.is_first_registration else _count(change.before),
             new=_count(change.change.new),
             final=_count(change.final) if decision.response.allowed else _count(change.before),
             writerVersion=change.writer_version,

@@ -131,12 +131,17 @@ def _read_count(allocatable: Any, where: str, index: int) -> int | None:
 
 
 class ChangeKind(enum.StrEnum):
-    """How a (node, driver) allocatable count changed between oldObject and object."""
+    """How a (node, driver) allocatable count changed between oldObject and object.
+
+    ``registration``: a driver entry registered with no count before it (it appears, or kubelet rewrote it, and
+    the guard retained no count for it): neither an increase nor a decrease, there is nothing to compare with.
+    """
 
     INCREASE = "increase"
     DECREASE = "decrease"
     TO_UNBOUNDED = "bounded-to-unbounded"
     TO_BOUNDED = "unbounded-to-bounded"
+    REGISTRATION = "registration"
 
 
 class CountChange(NamedTuple):
@@ -158,12 +163,20 @@ class CountChange(NamedTuple):
 
     @property
     def kind(self) -> ChangeKind:
-        """The :class:`ChangeKind`: unbounded counts as +infinity."""
+        """The :class:`ChangeKind`: unbounded counts as +infinity; a registration without an earlier count is
+        :attr:`ChangeKind.REGISTRATION`."""
+        if self.is_first_registration:
+            return ChangeKind.REGISTRATION
         if self.new is None:
             return ChangeKind.TO_UNBOUNDED
         if self.old is None:
             return ChangeKind.TO_BOUNDED
         return ChangeKind.INCREASE if self.new > self.old else ChangeKind.DECREASE
+
+    @property
+    def is_first_registration(self) -> bool:
+        """A registration with no count before it (``old`` None): no earlier count to compare with."""
+        return self.registration and self.old is None
 
     @property
     def is_increase(self) -> bool:

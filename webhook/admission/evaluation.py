@@ -136,6 +136,30 @@ def _line(node: str, change: CountChange | None, v: Violation, suffix: str = "")
     return f"[{v.rule}] {where}: {v.why}; {v.proceed}"
 
 
+def _clamping_rules(findings: Iterable[_Finding], finals: Mapping[str, int | None]) -> dict[str, list[str]]:
+    """Per driver, the rules whose clamp changed its count (in finding order, each once)."""
+    rules: dict[str, list[str]] = {}
+    for f in findings:
+        if f.effective is EnforcementAction.CLAMP and f.change is not None and finals[f.change.driver] != f.change.new:
+            named = rules.setdefault(f.change.driver, [])
+            if f.violation.rule not in named:
+                named.append(f.violation.rule)
+    return rules
+
+
+def _clamp_results(node: str, changes: Iterable[CountChange], finals: Mapping[str, int | None],
+                   clamping: Mapping[str, list[str]]) -> list[str]:
+    """One line per change that several rules clamped: the count applied, the lowest any of them allows."""
+    lines = []
+    for c in changes:
+        rules = clamping.get(c.driver, [])
+        if len(rules) > 1:
+            before = "registration: " if c.is_first_registration else f"{format_count(c.old)} -> "
+            lines.append(f"{node}/{c.driver}: {before}{format_count(c.new)} clamped to "
+                         f"{format_count(finals[c.driver])}, what every one of {', '.join(rules)} allows")
+    return lines
+
+
 def _by_rule_and_change(findings: Iterable[_Finding]) -> list[list[_Finding]]:
     """``findings`` grouped by (rule, driver of the change), in the order each group first appears."""
     groups: dict[tuple[str, str | None], list[_Finding]] = {}
@@ -293,6 +317,8 @@ def _pass_reason(rule: str, ctx: RuleContext) -> str:
         ceiling, why = ctx.ceiling
         return f"within the ceiling {format_count(ceiling)} {('(' + why + ')') if why else ''}".rstrip()
     if rule == CHANGE_RATE:
+        if ctx.change.registration:
+            return "registrations are exempt"
         if not ctx.change.is_increase:
             return "decreases are exempt"
         if ctx.entry is None:
@@ -303,6 +329,8 @@ def _pass_reason(rule: str, ctx: RuleContext) -> str:
         if approval is not None:  # change_rate.check lets a justified increase through at any pace
             reason += f"; the minimum is lifted by {_approval_text(approval)}"
         return reason
+    if ctx.change.is_first_registration:
+        return "first registration: no earlier count to roll back to"
     return "no correction or freeze in effect" if ctx.change.is_increase else "decrease"
 
 
@@ -322,6 +350,8 @@ def _version_pass_reason(ctx: RuleContext) -> str:
         return f"driver version {version} ({source} source)"
     what = (f"driver version unknown ({source} source)" if version is None
             else f"driver version {version} ({source} source) cannot be compared: not a semantic version")
+    if ctx.change.is_first_registration:
+        return f"{what}; a first registration is not held back by onUnknown"
     if not ctx.change.is_increase:
         return f"{what}; decreases are not held back by onUnknown"
     return f"{what}; writer-version.onUnknown: {ctx.driver_policy.rules.version_on_unknown} applied"
@@ -1158,15 +1188,20 @@ class _Evaluation:
         ops = self._patch(changes, finals, new_state) if self.mode is Mode.MUTATE else []
         warnings: list[str] = []
         decision = Decision.ALLOW
+        clamping = _clamping_rules(self.findings, finals)
         for f in self.findings:
             final = finals[f.change.driver] if f.change is not None else None
             if f.effective is EnforcementAction.CLAMP and f.change is not None and final != f.change.new:
                 decision = Decision.CLAMP
-                warnings.append(_line(self.node, f.change, f.violation, f" (clamped to {format_count(final)})"))
+                several = len(clamping[f.change.driver]) > 1  # each line then says what its own rule allows
+                suffix = (f" (this rule allows {format_count(f.violation.clamp_to)})" if several
+                          else f" (clamped to {format_count(final)})")
+                warnings.append(_line(self.node, f.change, f.violation, suffix))
             elif f.effective is EnforcementAction.WARN:
                 if decision is Decision.ALLOW:
                     decision = Decision.WARN
                 warnings.append(_line(self.node, f.change, f.violation))
+        warnings.extend(_clamp_results(self.node, changes, finals, clamping))
         warnings.extend(self.notes)
         response = AdmissionResponse(
             allowed=True,

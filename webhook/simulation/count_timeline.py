@@ -30,7 +30,9 @@ class TimelinePoint:
     """One write of the entry: requested ``new`` and admitted ``final`` (None = unbounded), how it was decided.
 
     ``refused``: the write was not stored — denied (or invalid) at /mutate, or denied at /validate after its
-    /mutate record (the same request uid); the stored count stays ``old``.
+    /mutate record (the same request uid); the stored count stays ``old``. ``first_registration``: the driver
+    registered with no count before (audit record ``change: registration``): ``old`` is no count at all, not
+    unbounded, and the stored line starts here.
     """
 
     time: datetime
@@ -45,6 +47,7 @@ class TimelinePoint:
     endpoint: str
     uid: str | None = None
     refused: bool = False
+    first_registration: bool = False
 
     @property
     def stored_after(self) -> int | None:
@@ -94,6 +97,7 @@ def build_timeline(records: Iterable[LogRecord], node: str, driver: str) -> list
             endpoint=endpoint,
             uid=uid,
             refused=decision in ("deny", "invalid"),
+            first_registration=d.get("change") == "registration",
         ))
     points = [dataclasses.replace(p, refused=True) if p.endpoint == "mutate" and p.uid in denied_at_validate
               else p for p in points]
@@ -153,7 +157,12 @@ def timeline_scale(points: Sequence[TimelinePoint]) -> TimelineScale:
     finite = [v for p in points for v in (p.old, p.new, p.final) if v is not None]
     top = scale_top(finite)
     return TimelineScale(top=top, off_scale=any(v > top for v in finite),
-                         unbounded=any(v is None for p in points for v in (p.old, p.new, p.final)))
+                         unbounded=any(v is None for p in points for v in _counts_drawn(p)))
+
+
+def _counts_drawn(p: TimelinePoint) -> tuple[int | None, ...]:
+    """The counts a point puts on the y axis: a first registration has no ``old`` to draw."""
+    return (p.new, p.final) if p.first_registration else (p.old, p.new, p.final)
 
 
 def off_scale_counts(points: Sequence[TimelinePoint]) -> list[int]:
@@ -195,6 +204,12 @@ def _stored_segments(points: Sequence[TimelinePoint], y: Any) -> tuple[
     for p in points:
         if p.dry_run or p.endpoint != "mutate":
             continue
+        if p.first_registration:  # the line starts at the registered count: there was no count before it
+            if p.refused:
+                continue
+            segments.append(([p.time], [y(p.stored_after)]))
+            current = (p.time, p.stored_after)
+            continue
         if current is None or p.old != current[1]:
             if current is not None:
                 gaps.append((current[0], y(current[1]), p.time, y(p.old)))
@@ -209,16 +224,95 @@ def _stored_segments(points: Sequence[TimelinePoint], y: Any) -> tuple[
     return segments, gaps
 
 
+MARK_STYLES: dict[str, dict[str, Any]] = {
+    "allowed": {"marker": "o", "color": "#4a8fd4", "s": 18},
+    "warn": {"marker": "D", "color": "#f2b600", "s": 36},
+    "clamp": {"marker": "v", "color": "#e08a00", "s": 60},
+    "deny": {"marker": "x", "color": DENY_COLOR, "s": 60},
+    "dry run": {"marker": "o", "facecolors": "none", "edgecolors": "#777777", "s": 40},
+    "correction": {"marker": "^", "color": "#2e7d32", "s": 70},
+}
+BURST_SHARE = 0.02
+"""Writes within this share of the picture's time span from the first one are one opening burst..."""
+BURST_MIN_WRITES = 3
+"""...when there are at least this many of them (and later writes too): they get a zoomed inset."""
+
+
+def opening_burst(points: Sequence[TimelinePoint]) -> list[TimelinePoint]:
+    """The writes that would pile up at the left edge: at least :data:`BURST_MIN_WRITES` within
+    :data:`BURST_SHARE` of the whole span after the first (kubelet's start: CREATE, registrations and the first
+    updates within a second), with later writes after them. Empty when there is no such burst."""
+    if len(points) <= BURST_MIN_WRITES:
+        return []
+    first, last = points[0].time, points[-1].time
+    span = (last - first).total_seconds()
+    if span <= 0:
+        return []
+    burst = [p for p in points if (p.time - first).total_seconds() <= span * BURST_SHARE]
+    return burst if BURST_MIN_WRITES <= len(burst) < len(points) else []
+
+
+def _draw_writes(ax: Any, points: Sequence[TimelinePoint], y: Any, x: Any, *, legend: bool) -> None:
+    """Markers for every write of ``points`` at (``x(time)``, ``y(count)``): see :func:`render_timeline`."""
+    marks: dict[str, tuple[list[Any], list[float]]] = {name: ([], []) for name in MARK_STYLES}
+    for p in points:
+        if p.dry_run:
+            kind = "dry run"
+        elif p.decision in ("deny", "clamp"):
+            kind = p.decision
+        else:
+            kind = "warn" if p.decision == "warn" else "allowed"
+        marks[kind][0].append(x(p.time))
+        marks[kind][1].append(y(p.new))
+        if kind == "clamp":
+            ax.vlines(x(p.time), min(y(p.new), y(p.final)), max(y(p.new), y(p.final)), colors="#e08a00",
+                      linestyles="dotted", linewidth=1)
+        if p.correction:
+            marks["correction"][0].append(x(p.time))
+            marks["correction"][1].append(y(p.final))
+    for name, (ts, ys) in marks.items():
+        if ts:
+            ax.scatter(ts, ys, label=f"{name} ({len(ts)})" if legend else None, zorder=3, **MARK_STYLES[name])
+
+
+def _draw_burst(ax: Any, burst: Sequence[TimelinePoint], scale: TimelineScale) -> None:
+    """An inset over the main plot with the opening burst's writes spread over its own axis (seconds after
+    the first write), drawn the same way; the main plot keeps the true time axis."""
+    start = burst[0].time
+
+    def seconds(t: datetime) -> float:
+        return (t - start).total_seconds()
+
+    segments, _gaps = _stored_segments(burst, scale.y)
+    drawn = [v for _ts, ys in segments for v in ys] + [scale.y(p.new) for p in burst]
+    # Over the half of the plot the counts leave free (they mostly sit near the top of their scale).
+    low = sum(drawn) / len(drawn) > scale.y_max / 2
+    inset = ax.inset_axes([0.30, 0.14 if low else 0.52, 0.36, 0.36])
+    for ts, ys in segments:
+        inset.step([seconds(t) for t in ts], ys, where="post", color=STORED_COLOR, linewidth=2)
+    _draw_writes(inset, burst, scale.y, seconds, legend=False)
+    duration = seconds(burst[-1].time)
+    inset.set_xlim(-0.05 * duration - 0.01, duration * 1.05 + 0.01)
+    inset.set_ylim(min(drawn) - 1, max(drawn) + 1)
+    inset.set_title(f"the first {len(burst)} writes, within {duration:.3g} s of {start:%H:%M:%S}", fontsize=8)
+    inset.set_xlabel("seconds after the first write", fontsize=7)
+    inset.tick_params(labelsize=7)
+    inset.grid(True, alpha=0.3)
+
+
 def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, output: Path) -> None:
     """Draw the count over time (PNG, or any format matplotlib knows by ``output``'s suffix).
 
     The stored count is a step line that moves only at writes that were stored (never at a denial); where the
-    log lacks the writes that changed it, a dashed grey line joins the last known count to the next. Warnings are
-    marked with a diamond, clamps at the requested value with a line down to the admitted one, denials with a
-    cross at the requested value, freezes (version rollback) with a vertical line, ResourceExhausted or
-    justified corrections with a triangle. The y axis is scaled to the plausible counts (:func:`scale_top`):
-    counts off the scale (2147483647, or far above the others) are drawn in a band at the top edge, each labelled
-    with its value; unbounded is drawn above that. The legend sits outside the plot.
+    log lacks the writes that changed it, a dashed grey line joins the last known count to the next. A driver's
+    first registration starts the line at its count (there was no count before). Warnings are marked with a
+    diamond, clamps at the requested value with a line down to the admitted one, denials with a cross at the
+    requested value, freezes (version rollback) with a vertical line, ResourceExhausted or justified corrections
+    with a triangle. An opening burst (:func:`opening_burst`: kubelet's first writes within a second) is drawn
+    again in an inset, spread over its own seconds axis, instead of piling up at the left edge. The y axis is
+    scaled to the plausible counts (:func:`scale_top`): counts off the scale (2147483647, or far above the others)
+    are drawn in a band at the top edge, each labelled with its value; unbounded is drawn above that. The legend
+    sits outside the plot.
     Raises :class:`MissingDependencyError` without matplotlib, :class:`UnsupportedFormatError` (naming the
     formats there are) for a suffix matplotlib cannot write; nothing is written then.
     """
@@ -241,40 +335,7 @@ def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, out
     for i, (t0, y0, t1, y1) in enumerate(gaps):
         ax.plot([t0, t1], [y0, y1], color="#9e9e9e", linestyle="--", linewidth=1.2,
                 label="changed by writes not in this log" if i == 0 else None)
-    marks: dict[str, tuple[list[Any], list[float]]] = {
-        "allowed": ([], []), "warn": ([], []), "clamp": ([], []), "deny": ([], []), "dry run": ([], []),
-        "correction": ([], []),
-    }
-    for p in points:
-        if p.dry_run:
-            marks["dry run"][0].append(p.time)
-            marks["dry run"][1].append(y(p.new))
-        elif p.decision == "deny":
-            marks["deny"][0].append(p.time)
-            marks["deny"][1].append(y(p.new))
-        elif p.decision == "clamp":
-            marks["clamp"][0].append(p.time)
-            marks["clamp"][1].append(y(p.new))
-            ax.vlines(p.time, min(y(p.new), y(p.final)), max(y(p.new), y(p.final)), colors="#e08a00",
-                      linestyles="dotted", linewidth=1)
-        else:
-            kind = "warn" if p.decision == "warn" else "allowed"
-            marks[kind][0].append(p.time)
-            marks[kind][1].append(y(p.new))
-        if p.correction:
-            marks["correction"][0].append(p.time)
-            marks["correction"][1].append(y(p.final))
-    styles = {
-        "allowed": {"marker": "o", "color": "#4a8fd4", "s": 18},
-        "warn": {"marker": "D", "color": "#f2b600", "s": 36},
-        "clamp": {"marker": "v", "color": "#e08a00", "s": 60},
-        "deny": {"marker": "x", "color": DENY_COLOR, "s": 60},
-        "dry run": {"marker": "o", "facecolors": "none", "edgecolors": "#777777", "s": 40},
-        "correction": {"marker": "^", "color": "#2e7d32", "s": 70},
-    }
-    for name, (ts, ys) in marks.items():
-        if ts:
-            ax.scatter(ts, ys, label=f"{name} ({len(ts)})", zorder=3, **styles[name])
+    _draw_writes(ax, points, y, lambda t: t, legend=True)
     freezes = [p.time for p in points if p.frozen]
     for i, t in enumerate(freezes):
         ax.axvline(t, color="#6a1b9a", linestyle="--", linewidth=1.2,
@@ -295,6 +356,9 @@ def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, out
         ax.axhline(scale.unbounded_y, color="#999999", linestyle=":", linewidth=1)
         ax.text(points[0].time, scale.unbounded_y, " unbounded", va="bottom", fontsize=8, color="#555555")
     ax.set_ylim(bottom=0, top=scale.y_max)
+    burst = opening_burst(points)
+    if burst:
+        _draw_burst(ax, burst, scale)
     ax.set_title(f"{node} / {driver}: allocatable count")
     ax.set_xlabel("time (UTC)")
     ax.set_ylabel("count")
