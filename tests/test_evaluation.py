@@ -986,6 +986,23 @@ def test_a_request_that_removes_the_state_is_refused_also_with_a_removal() -> No
     assert "removes the guard's state" in judged.body["status"]["message"]
 
 
+def test_a_stale_copy_with_an_older_state_is_left_to_the_apiservers_conflict() -> None:
+    """A PUT based on an older resourceVersion carries that copy's state: the apiserver refuses it with 409
+    Conflict (the client GETs again), so the guard does not answer 403 for a state change first."""
+    old = with_resource_version(stored(25), "200")
+    stale = with_resource_version(with_annotation(old, STATE, None), "100")
+    current = with_resource_version(with_annotation(old, STATE, None), "200")
+
+    assert judge(old, stale).body["allowed"] is True
+    assert judge(old, current).body["allowed"] is False
+
+
+def with_resource_version(obj: dict[str, Any], version: str) -> dict[str, Any]:
+    changed = copy.deepcopy(obj)
+    changed["metadata"]["resourceVersion"] = version
+    return changed
+
+
 def test_the_guards_own_state_met_again_on_reinvocation_is_not_refused() -> None:
     old = stored(25)
     first = judge(old, kubelet_update(old, EBS, 23))

@@ -72,8 +72,10 @@ class SelfCertifyingGuard:
         assert der is not None
         return der
 
-    def log(self) -> str:
-        return (self.work / "serve.log").read_text(errors="replace")[-3000:]
+    def log(self, tail: int | None = 3000) -> str:
+        """The guard's log, its last ``tail`` characters (None: all of it)."""
+        text = (self.work / "serve.log").read_text(errors="replace")
+        return text if tail is None else text[-tail:]
 
 
 @pytest.fixture
@@ -206,7 +208,7 @@ def test_two_guards_with_only_their_service_accounts_rights_make_one_certificate
 
         expected = base64.b64encode(_data(tls_secret, "ca-bundle.crt")).decode()
         wait_until(lambda: _ca_bundles(cp) == [expected] * 4, timeout=60, what="caBundle filled in")
-        created = [line for g in guards for line in g.log().splitlines() if "created the serving" in line]
+        created = [line for g in guards for line in g.log(None).splitlines() if "created the serving" in line]
         assert len(created) == 1, created
 
         # The apiserver trusts the injected CA: kubelet's registration reaches the guard (failurePolicy Ignore
@@ -238,5 +240,5 @@ def test_a_serving_certificate_close_to_expiry_is_renewed_from_the_same_ca(
         renewed = x509.load_pem_x509_certificate(_data(secret, "tls.crt"))
         assert renewed.not_valid_after_utc - dt.datetime.now(dt.UTC) > dt.timedelta(days=300)
         assert guard.served_certificate(old["ca.crt"]) == renewed.public_bytes(encoding=Encoding.DER)
-        assert "renewed the serving certificate" in guard.log()
+        assert "renewed the serving certificate" in guard.log(None)
 

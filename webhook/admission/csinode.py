@@ -40,7 +40,8 @@ class CSINode(NamedTuple):
     """The parts of a CSINode the guard reads (an immutable named tuple). ``drivers`` maps driver name -> entry.
 
     ``name`` is the node name (a CSINode is named after its Node), ``uid`` is ``metadata.uid``,
-    ``annotations`` is ``metadata.annotations`` (empty when absent).
+    ``annotations`` is ``metadata.annotations`` (empty when absent), ``resource_version`` is
+    ``metadata.resourceVersion`` ("" when absent or not a string).
     """
 
     name: str
@@ -48,6 +49,7 @@ class CSINode(NamedTuple):
     annotations: Mapping[str, str]
     drivers: Mapping[str, CSINodeDriver]
     has_annotations: bool
+    resource_version: str = ""
 
 
 def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
@@ -105,12 +107,14 @@ def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
     uid = metadata.get("uid") or ""
     if type(name) is not str or type(uid) is not str:
         raise CSINodeError(f"{where}.metadata.name and .uid must be strings")
+    resource_version = metadata.get("resourceVersion")
     return CSINode(
         name,
         uid,
         annotations,
         drivers,
         has_annotations,
+        resource_version if type(resource_version) is str else "",
     )
 
 

@@ -744,10 +744,15 @@ class _Evaluation:
     def _check_state_written(self) -> None:
         """A write that changes or removes ``csinode-guard.io/state`` is refused for everyone (exempt principals:
         dry run): only the guard's own patch writes it. The guard's own state, met again when /mutate is reinvoked,
-        is recognised by its signature and its sequence (the stored one + 1)."""
+        is recognised by its signature and its sequence (the stored one + 1). An UPDATE based on an older
+        ``resourceVersion`` than the stored one is left to the apiserver, which refuses it with 409 Conflict (its
+        state is that older copy's): a client that GETs again on a conflict, as kubelet and the reconciler do, then
+        writes the current state."""
         old_value = self.old.annotations.get(STATE_ANNOTATION)
         new_value = self.new.annotations.get(STATE_ANNOTATION)
         if new_value == old_value:
+            return
+        if self.new.resource_version and self.new.resource_version != self.old.resource_version:
             return
         own = decode_state(new_value, self.uid, self.keys).state
         if own is not None and own.sequence == self.base_sequence + 1:
