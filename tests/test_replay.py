@@ -109,7 +109,8 @@ def test_the_summary_accounts_for_every_audit_event_and_says_it_lists_only_the_b
     assert s["auditEvents"] == accounted == 15
     assert s["changesPerMinute"]["busiestShown"] == 5
     text = cli("--audit-log", str(LOG)).stdout
-    assert "cluster facts: 1 nodes, 1 csidrivers, 1 volumeattachments events" in text
+    assert "cluster events in the input: 1 Node, 1 CSIDriver, 1 VolumeAttachment (read for" in text
+    assert "cluster facts" not in text  # counts of events, not of the cluster's objects
     assert "busiest minutes (top 5 only):" in text
 
 
@@ -172,14 +173,60 @@ def test_table_format_streams_rows_then_the_summary() -> None:
     assert lines[0].split()[:5] == ["TIME", "NODE", "DRIVER", "OLD", "->"]
     row = lines[6]
     assert row.startswith(f"2026-11-30T02:03:20.001Z {NODE}")
-    assert "21 -> 39" in row and " clamp " in row and "count-ceiling,count-rollback,change-rate" in row
-    assert lines[8].endswith("kubernetes-admin (dry run)")
+    assert "21 -> 39" in row and " clamp " in row and "count-ceiling,count-rollback," in row
+    assert lines[7].strip() == "change-rate"  # the RULES column's continuation line
+    assert lines[9].endswith("kubernetes-admin (dry run)")
     assert "Summary" in lines
     text = result.stdout
     assert "8 would reach the guard, 0 would not" in text
     assert "1 at Metadata level (no objects)" in text
     assert "bad lines:    2" in text
     assert "changes per minute: peak 2" in text
+
+
+def test_table_columns_line_up_and_long_rule_lists_wrap_in_the_rules_column() -> None:
+    """Every row's RULES and WRITER start at the header's columns, whatever the counts ("registered ->
+    unbounded") and however many rules; a list wider than the column continues under it, broken after a comma,
+    and the whole list is in --format json."""
+    lines = cli("--audit-log", str(LOG)).stdout.split("\n\nSummary")[0].splitlines()
+    header, rows = lines[0], lines[1:]
+    for name in ("FINAL", "DECISION", "RULES", "WRITER"):
+        column = header.index(name)
+        for line in rows:
+            if line.startswith("2026-"):
+                assert line[column - 1] == " " and line[column] != " ", (name, line)
+    rules_at, writer_at = header.index("RULES"), header.index("WRITER")
+    continued = [line for line in rows if not line.startswith("2026-")]
+    assert [line.strip() for line in continued] == ["change-rate", "count-rollback"]
+    for line in continued:
+        assert line[:rules_at].strip() == "" and len(line) <= writer_at
+    for line in rows:
+        if line.startswith("2026-"):
+            rules = line[rules_at:writer_at]
+            assert rules.endswith("  ") and len(rules.rstrip()) <= writer_at - rules_at - 2, line
+    events = json.loads(cli("--audit-log", str(LOG), "--format", "json").stdout)["events"]
+    assert events[7]["rules"] == ["writer-identity", "count-ceiling", "count-rollback"]
+
+
+def test_a_file_of_many_bad_lines_names_the_first_five_and_counts_the_rest(tmp_path: Path) -> None:
+    path = tmp_path / "app.log"
+    path.write_text("".join(f"2026-11-30 02:00:{i % 60:02d} INFO not an audit event {i}\n" for i in range(501)))
+    for fmt in ("table", "json"):
+        result = cli("--audit-log", str(path), "--format", fmt)
+        assert result.returncode == 2, (fmt, result.stderr)
+        lines = result.stderr.splitlines()
+        assert lines == [f"replay: {path}:{n}: not a JSON object (truncated or corrupt line)"
+                         for n in range(1, 6)] + [
+            "replay: and 496 more bad line(s) (--format json lists the first 100)",
+            "replay: nothing could be judged, and 501 line(s) were not audit events: is this a kube-apiserver "
+            "audit log (JSON lines of audit.k8s.io/v1 Event)?"], fmt
+        if fmt == "json":
+            summary = json.loads(result.stdout)["summary"]
+            assert summary["badLines"] == 501 and len(summary["problems"]) == 100
+        else:
+            text = result.stdout
+            assert "  first problems (5 of 501):" in text and "    and 496 more" in text
+            assert f"{path}:6:" not in text
 
 
 def test_gzip_rotated_files_in_any_order_and_a_truncated_gzip(tmp_path: Path) -> None:

@@ -17,9 +17,15 @@ from webhook.admission.policy import PolicyError, load_policy
 from webhook.admission.safe_yaml import load_yaml
 from webhook.simulation.replay import replay
 from webhook.simulation.replay_input import Progress, describe_input
-from webhook.simulation.replay_results import FACT_RESOURCES, Problem, Row, Summary
+from webhook.simulation.replay_results import FACT_RESOURCES, MAX_PROBLEMS_KEPT, Problem, Row, Summary
 
-_COLUMNS = (("TIME", 24), ("NODE", 34), ("DRIVER", 24), ("OLD -> NEW", 22), ("FINAL", 9), ("DECISION", 9))
+_COLUMNS = (("TIME", 24), ("NODE", 34), ("DRIVER", 24), ("OLD -> NEW", 24), ("FINAL", 10), ("DECISION", 9))
+RULES_WIDTH = 30
+"""Width of the table's RULES column: a longer list of rules goes on to continuation lines, broken after a comma
+(the whole list is also in ``--format json``'s ``rules``)."""
+PROBLEMS_SHOWN = 5
+"""Bad lines named one by one on standard error (and in the table's summary); the rest are counted."""
+_FACT_KINDS = {"nodes": "Node", "csidrivers": "CSIDriver", "volumeattachments": "VolumeAttachment"}
 
 
 class _Bar(Progress):
@@ -49,13 +55,36 @@ def _cell(value: Any, width: int) -> str:
     return text.ljust(width)
 
 
-def _table_row(row: Row) -> str:
+def wrap_rules(rules: tuple[str, ...], width: int = RULES_WIDTH) -> list[str]:
+    """The comma-separated ``rules`` in lines of at most ``width`` characters, each broken after a comma (a name
+    longer than ``width`` alone is cut into ``width``-long pieces). ``["-"]`` when there are none."""
+    if not rules:
+        return ["-"]
+    lines: list[str] = []
+    current = ""
+    for i, rule in enumerate(rules):
+        piece = rule + ("," if i < len(rules) - 1 else "")
+        if current and len(current) + len(piece) > width:
+            lines.append(current)
+            current = ""
+        while len(piece) > width:
+            lines.append(piece[:width])
+            piece = piece[width:]
+        current += piece
+    if current:
+        lines.append(current)
+    return lines
+
+
+def _table_row(row: Row) -> list[str]:
+    """The table lines of one row: the first with every column, then the RULES column's continuation lines."""
     change = "-" if row.driver is None else f"{row.old} -> {row.new}"
-    rules = ",".join(row.rules) or "-"
+    rules = wrap_rules(row.rules)
     cells = [row.time, row.node, row.driver or "(annotations)", change, row.final, row.decision]
     text = " ".join(_cell(v, w) for v, (_, w) in zip(cells, _COLUMNS, strict=True))
     dry = " (dry run)" if row.dry_run else ""
-    return f"{text} {rules}  {row.user}{dry}"
+    indent = " " * (len(text) + 1)
+    return [f"{text} {rules[0].ljust(RULES_WIDTH)}  {row.user}{dry}"] + [f"{indent}{r}".rstrip() for r in rules[1:]]
 
 
 def _table_summary(s: Summary) -> list[str]:
@@ -69,8 +98,9 @@ def _table_summary(s: Summary) -> list[str]:
                  "unreadable")
     lines.append(f"  skipped:      {s.other_resources} other resources, {s.other_stages} other stages, "
                  f"{s.reads} reads, {s.not_audit_events} not audit events")
-    facts = ", ".join(f"{s.cluster_facts[r]} {r}" for r in FACT_RESOURCES)
-    lines.append(f"  cluster facts: {facts} events (labels, kubelet versions, update periods, attach errors)")
+    facts = ", ".join(f"{s.cluster_facts[r]} {_FACT_KINDS[r]}" for r in FACT_RESOURCES)
+    lines.append(f"  cluster events in the input: {facts} (read for labels, kubelet versions, update periods, "
+                 "attach errors)")
     lines.append(f"  duplicates:   {s.duplicates} events seen before (same auditID and stage), skipped")
     lines.append(f"  order:        {s.reordered} events reordered, {s.late} later than the reorder window")
     lines.append(f"  bad lines:    {s.bad_lines}")
@@ -95,8 +125,11 @@ def _table_summary(s: Summary) -> list[str]:
     for b in stats["busiest"]:
         lines.append(f"    {b['minute']}  {b['changes']}")
     if s.problems:
-        lines.append(f"  first problems ({len(s.problems)} of {s.bad_lines}):")
-        lines += [f"    {p}" for p in s.problems[:20]]
+        shown = s.problems[:PROBLEMS_SHOWN]
+        lines.append(f"  first problems ({len(shown)} of {s.bad_lines}):")
+        lines += [f"    {p}" for p in shown]
+        if s.bad_lines > len(shown):
+            lines.append(f"    and {s.bad_lines - len(shown)} more")
     return lines
 
 
@@ -125,10 +158,15 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
     requestReceivedTimestamp as the clock and its user as the writer, against the previous version rebuilt from
     earlier events. Try a policy against your own cluster's history before enforcing it.
 
-    Lines that are not JSON are reported with their line number on standard error and skipped. Events seen
-    before (same auditID and stage: a log given twice) are counted once. Exit code 2 when some lines were bad
-    and no write could be judged (not an audit log, or the wrong file), so that a script does not take it for a
-    clean replay.
+    The table's RULES column is 30 characters wide; a longer list continues on the next lines (the
+    whole list is in --format json). The summary's "cluster events in the input" counts the Node, CSIDriver and
+    VolumeAttachment events of the log read as facts (labels, kubelet versions, update periods, attach errors):
+    events, not the cluster's size.
+
+    Lines that are not JSON are reported with their line number on standard error (the first 5, then how many
+    more) and skipped. Events seen before (same auditID and stage: a log given twice) are counted once. Exit code
+    2 when some lines were bad and no write could be judged (not an audit log, or the wrong file), so that a
+    script does not take it for a clean replay.
     """
     try:
         window = parse_duration(reorder_window)
@@ -157,12 +195,19 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
         else:
             out.write(text + "\n")
 
-    def report(problem: Problem) -> None:
-        message = f"replay: {problem}"
+    def say(message: str) -> None:
         if bar is not None:
             bar.write(message, err=True)
         else:
             click.echo(message, err=True)
+
+    reported = 0
+
+    def report(problem: Problem) -> None:
+        nonlocal reported
+        if reported < PROBLEMS_SHOWN:
+            say(f"replay: {problem}")
+        reported += 1
 
     first = True
 
@@ -171,14 +216,15 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
         if fmt == "json":
             emit(("" if first else ",") + json.dumps(row.to_json(), separators=(",", ":")))
         else:
-            emit(_table_row(row))
+            for line in _table_row(row):
+                emit(line)
         first = False
 
     if fmt == "json":
         emit('{"events":[')
     else:
         header = " ".join(name.ljust(w) for name, w in _COLUMNS)
-        emit(f"{header} RULES  WRITER")
+        emit(f"{header} {'RULES'.ljust(RULES_WIDTH)}  WRITER")
     sink_file: IO[str] | None = guard_audit_out.open("w", encoding="utf-8") if guard_audit_out else None
 
     def sink(records: list[dict[str, Any]]) -> None:
@@ -199,6 +245,9 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
     else:
         for line in _table_summary(summary):
             emit(line)
+    if reported > PROBLEMS_SHOWN:
+        click.echo(f"replay: and {reported - PROBLEMS_SHOWN} more bad line(s) (--format json lists the first "
+                   f"{MAX_PROBLEMS_KEPT})", err=True)
     if summary.bad_lines and not summary.judged:
         click.echo(f"replay: nothing could be judged, and {summary.bad_lines} line(s) were not audit events: "
                    "is this a kube-apiserver audit log (JSON lines of audit.k8s.io/v1 Event)?", err=True)
