@@ -47,6 +47,7 @@ from webhook.admission.state import StateKeys
 from webhook.serving import metrics
 from webhook.serving.audit_writer import AuditWriter
 from webhook.serving.cluster_budget import watched_budget
+from webhook.serving.lateness import Lateness, apiserver_timeout, judge_lateness, request_started
 from webhook.serving.live_policy import PolicyStore
 from webhook.serving.shared_budget import SharedIncreaseBudget
 from webhook.serving.workers import ClientTooSlowError
@@ -262,6 +263,8 @@ def _has_client_certificate(sock: Any) -> bool:
 def _review(mode: Mode) -> Response:
     runtime: Runtime = current_app.extensions[EXTENSION]
     started = time.perf_counter()
+    sock = request.environ.get("gunicorn.socket")
+    reading_started = request_started(sock) or time.monotonic()
     if runtime.require_client_cert and not _has_client_certificate(request.environ.get("gunicorn.socket")):
         return _error(403, "a client certificate signed by the --client-ca is required (the apiserver's webhook "
                            "client certificate)")
@@ -299,8 +302,11 @@ def _review(mode: Mode) -> Response:
         decision = unjudged(review)
     if decision.notes and decision.decision in (Decision.SKIP, Decision.DENY):
         log.warning("request %s: %s", review.uid, "; ".join(decision.notes))
+    late = judge_lateness(sock, reading_started, apiserver_timeout(request.args.get("timeout")))
+    if late is not None:
+        _report_late(mode, review, late)
     if not _audit(runtime, decision, review, mode, now, snapshot.policy.hash, snapshot.generation,
-                  time.perf_counter() - started):
+                  time.perf_counter() - started, late):
         decision = _unaudited(decision, review)
     document = build_response(review.uid, decision.response, allow_patch=mode is Mode.MUTATE)
     latency = time.perf_counter() - started
@@ -379,6 +385,17 @@ def _unaudited(decision: AdmissionDecision, review: AdmissionRequest) -> Admissi
     )
 
 
+def _report_late(mode: Mode, review: AdmissionRequest, late: Lateness) -> None:
+    """Count and log an answer the apiserver no longer waits for (:mod:`webhook.serving.lateness`)."""
+    metrics.count_late_answer(mode.value)
+    deadline = f"{late.deadline_seconds:g}s" if late.deadline_seconds is not None else "none sent"
+    why = ("past the apiserver's timeout" if late.reason == "deadline"
+           else "the apiserver had already closed the connection")
+    log.warning("request %s (/%s, CSINode %s) answered %.3fs after the worker began reading it (timeout %s): %s, so "
+                "it applied the webhook's failurePolicy and this decision did not take effect", review.uid,
+                mode.value, review.name, late.elapsed_seconds, deadline, why)
+
+
 def _audit(
     runtime: Runtime,
     decision: AdmissionDecision,
@@ -388,8 +405,10 @@ def _audit(
     policy_hash: str,
     generation: int,
     latency: float,
+    late: Lateness | None = None,
 ) -> bool:
-    """Write the decision's audit records; False when one of them was not written (it went to the error log)."""
+    """Write the decision's audit records (marked ``late`` with ``late``); False when one of them was not written
+    (it went to the error log)."""
     records = build_records(
         decision,
         review,
@@ -399,6 +418,10 @@ def _audit(
         policy_generation=generation,
         latency_seconds=latency,
     )
+    if late is not None:
+        fields = late.record_fields()
+        for record in records:
+            record.update(fields)
     return runtime.audit.write(records) == len(records)
 
 

@@ -82,6 +82,15 @@ CLIENT_FAULTS = Counter(
     "deadline; disconnected: the client went away mid-body). Not the guard's errors: no internal-errors alert.",
     ["reason"],
 )
+LATE_ANSWERS = Counter(
+    "csinode_guard_late_answers",
+    "AdmissionReviews answered after the apiserver stopped waiting (past the timeout it sent, or on a connection it "
+    "had closed), by endpoint: the apiserver applied the webhook's failurePolicy, the guard's decision did not take "
+    "effect. The audit records of these reviews carry \"late\": true.",
+    ["endpoint"],
+)
+ENDPOINTS = ("mutate", "validate")
+"""The endpoints that judge AdmissionReviews (the ``endpoint`` label values of the request metrics)."""
 AUDIT_FAILURES = Counter(
     "csinode_guard_audit_write_failures",
     "Audit records that could not be written to the audit log (they went to the error log instead).",
@@ -227,6 +236,19 @@ def batch_updates(interval: float = 1.0) -> PendingUpdates:
 def count_bad_request(code: int) -> None:
     """Count one HTTP request answered with a 4xx error."""
     _child(BAD_REQUESTS, str(code)).inc()
+
+
+def count_late_answer(endpoint: str) -> None:
+    """Count one AdmissionReview of ``endpoint`` answered after the apiserver stopped waiting (written at once:
+    rare, and it should reach a scrape even if the worker dies next)."""
+    _child(LATE_ANSWERS, endpoint).inc()
+
+
+def start_late_answer_series() -> None:
+    """Create the late-answer series of every endpoint at 0 (a rate and an alert need the series before the
+    first late answer)."""
+    for endpoint in ENDPOINTS:
+        _child(LATE_ANSWERS, endpoint)
 
 
 def count_client_fault(reason: str) -> None:

@@ -192,6 +192,7 @@ def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: 
     certificate_problems()
     metrics.batch_updates()  # per-request samples reach the metric files once a second, off the request path
     metrics.AUDIT_STALLED.set(0)
+    metrics.start_late_answer_series()
     audit = AuditWriter(settings.audit_log, hooks=AuditHooks(
         failure=lambda _reason: metrics.AUDIT_FAILURES.inc(),
         timeout=metrics.AUDIT_TIMEOUTS.inc,

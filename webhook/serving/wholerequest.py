@@ -16,7 +16,8 @@ request of a keep-alive connection from its first byte — must arrive within th
 closed and counted as a client fault (``csinode_guard_client_faults_total{reason="too_slow"}``). A connection
 that has sent nothing yet waits in the poller as in gthread (until the keep-alive timeout). A request larger
 than ``max_request_bytes`` is handed over as soon as its headers are in: the application answers 413 without
-reading the body.
+reading the body. When the worker began reading each request is remembered for the application, which marks an
+answer given after the apiserver's deadline (:mod:`webhook.serving.lateness`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from typing import Any, ClassVar
 from gunicorn import sock as gsock
 from gunicorn.http import get_parser
 from gunicorn.workers import gthread
+
+from webhook.serving.lateness import mark_request_started
 
 log = logging.getLogger("csinode_guard.serving")
 
@@ -97,12 +100,14 @@ def _chunked_complete(data: bytes | bytearray, pos: int, max_body: int) -> bool:
 
 
 class _Gathering:
-    """The bytes of one request received so far, and by when (monotonic) the rest must be in."""
+    """The bytes of one request received so far, when (monotonic) the worker began reading it, and by when the
+    rest must be in."""
 
-    __slots__ = ("data", "deadline")
+    __slots__ = ("data", "deadline", "started")
 
-    def __init__(self, deadline: float) -> None:
+    def __init__(self, started: float, deadline: float) -> None:
         self.data = bytearray()
+        self.started = started
         self.deadline = deadline
 
 
@@ -160,6 +165,7 @@ class WholeRequestWorker(gthread.ThreadWorker):  # type: ignore[misc]
             conn.initialized = True
         if gathering is not None and gathering.data:
             conn.parser.unreader.unread(bytes(gathering.data))
+        mark_request_started(conn.sock, gathering.started if gathering is not None else time.monotonic())
         conn.csinode_guard_gathering = None
         conn.data_ready = True
 
@@ -172,7 +178,7 @@ class WholeRequestWorker(gthread.ThreadWorker):  # type: ignore[misc]
             if not conn.initialized and not conn.data_ready and not conn.wait_for_data(
                     gthread.DEFAULT_WORKER_DATA_TIMEOUT):
                 return _WAIT
-            gathering = conn.csinode_guard_gathering = _Gathering(now + self.read_timeout)
+            gathering = conn.csinode_guard_gathering = _Gathering(now, now + self.read_timeout)
         if now > gathering.deadline:
             return self._too_slow(conn, "request")
         if not conn.initialized:
@@ -203,6 +209,7 @@ class WholeRequestWorker(gthread.ThreadWorker):  # type: ignore[misc]
                 return self._too_slow(conn, "request")
             return _WAIT
         conn.parser.unreader.unread(bytes(gathering.data))
+        mark_request_started(conn.sock, gathering.started)  # for the answer's lateness (webhook.serving.lateness)
         conn.csinode_guard_gathering = None  # the next request starts its own deadline with its first byte
         conn.data_ready = True
         return True
