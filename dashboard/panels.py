@@ -115,9 +115,12 @@ ROWS: tuple[Row, ...] = (
                   q(f'max by (endpoint) (csinode_guard:request_duration_seconds:p99_5m{{{SEL}}})',
                     "p99 {{endpoint}}"),),
               red=2.5),
-        Panel("Answers after the internal budget", "Answers given after the guard's internal time budget, per "
-              "second by endpoint.", "reqps", (
-                  q(f'sum by (endpoint) (rate(csinode_guard_late_answers_total{{{SEL}}}[5m]))', "{{endpoint}}"),)),
+        Panel("Late answers: after the apiserver's deadline", "AdmissionReviews answered after the apiserver "
+              "stopped waiting (past the timeout it sent, or on a connection it had closed) in the last 5 minutes, "
+              "by endpoint: the apiserver applied the webhook's failurePolicy, the guard's decision did not take "
+              "effect (their audit records say \"late\": true).", "short", (
+                  q(f'sum by (endpoint) (increase(csinode_guard_late_answers_total{{{SEL}}}[5m]))', "{{endpoint}}"),),
+              red=1),
     )),
     Row("Cluster caches", (
         Panel("Cache staleness", "Seconds since each watch was lost (0 while up); above --max-staleness (120 s) its "

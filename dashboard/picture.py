@@ -41,8 +41,8 @@ def legend(template: str, labels: Mapping[str, str]) -> str:
     return " ".join(text.split()) or "value"
 
 
-def _draw(ax: Any, panel: Panel, query_range: QueryRange, namespace: str, start: float, end: float, step: float,
-          waiting: str | None) -> None:
+def _draw(ax: Any, panel: Panel, query_range: QueryRange, namespace: str, start: float, end: float,
+          step: float) -> None:
     lines = 0
     for query in panel.queries:
         for series in query_range(expand(query.expr, namespace), start, end, step):
@@ -59,7 +59,7 @@ def _draw(ax: Any, panel: Panel, query_range: QueryRange, namespace: str, start:
     if lines:
         ax.legend(fontsize=6.5, loc="upper left", framealpha=0.8)
     else:
-        ax.text(0.5, 0.5, f"no data yet\n({waiting})" if waiting else "no data", transform=ax.transAxes,
+        ax.text(0.5, 0.5, "no data", transform=ax.transAxes,
                 ha="center", va="center", fontsize=9, color="#777777")
     import matplotlib.dates as mdates  # noqa: PLC0415
 
@@ -68,10 +68,9 @@ def _draw(ax: Any, panel: Panel, query_range: QueryRange, namespace: str, start:
     ax.xaxis.set_major_formatter(formatter)
 
 
-def render(query_range: QueryRange, out: Path, namespace: str, start: float, end: float,
-           waiting: Mapping[str, str] | None = None) -> Path:
+def render(query_range: QueryRange, out: Path, namespace: str, start: float, end: float) -> Path:
     """Draw every row (its title on the left) and panel over [``start``, ``end``] (Unix seconds) into ``out``
-    (PNG); ``waiting`` maps panel titles to why they may have no data yet. Returns ``out``."""
+    (PNG). Returns ``out``."""
     import matplotlib  # noqa: PLC0415
 
     matplotlib.use("Agg")
@@ -89,7 +88,7 @@ def render(query_range: QueryRange, out: Path, namespace: str, start: float, end
         for index, ax in enumerate(axes):
             if index < len(row.panels):
                 panel = row.panels[index]
-                _draw(ax, panel, query_range, namespace, start, end, step, (waiting or {}).get(panel.title))
+                _draw(ax, panel, query_range, namespace, start, end, step)
             else:
                 ax.axis("off")
     out.parent.mkdir(parents=True, exist_ok=True)

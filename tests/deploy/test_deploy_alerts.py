@@ -25,6 +25,7 @@ GUARD_METRICS = {
     "csinode_guard_internal_errors_total",
     "csinode_guard_policy_file_invalid",
     "csinode_guard_audit_log_stalled",
+    "csinode_guard_late_answers_total",
 }
 """The metric names the server exports (issue 6's list); alerts may use no other csinode_guard_ name."""
 
@@ -310,6 +311,28 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
             _series("csinode_guard_request_duration_seconds_bucket", f'{POD}, endpoint="/mutate", le="{le}"', values)
             for le, values in (("0.05", "0+10x25"), ("1", "0+10x25"), ("+Inf", "0+10x25"))
         ],
+        [],
+    ),
+    (
+        "CSINodeGuardLateAnswers",
+        "10m",
+        [
+            _series("csinode_guard_late_answers_total", f'{POD}, endpoint="mutate"', "0x5 1x10"),
+            _series("csinode_guard_late_answers_total", f'{POD}, endpoint="validate"', "0x15"),
+        ],
+        [{"severity": "warning", "namespace": "csinode-guard", "endpoint": "mutate"}],
+    ),
+    (
+        "CSINodeGuardLateAnswers",
+        "20m",  # the late answer of minute 6 is out of the 10 m window
+        [_series("csinode_guard_late_answers_total", f'{POD}, endpoint="mutate"', "0x5 1x20")],
+        [],
+    ),
+    (
+        "CSINodeGuardLateAnswers",
+        "10m",  # the series start at 0 and stay there on time
+        [_series("csinode_guard_late_answers_total", f'{POD}, endpoint="{endpoint}"', "0x15")
+         for endpoint in ("mutate", "validate")],
         [],
     ),
     (

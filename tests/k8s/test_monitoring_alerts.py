@@ -210,6 +210,8 @@ UNIT_TESTED_ONLY = {
     "CSINodeGuardCacheStale": "needs a watch down for more than 120 s (--max-staleness); promtool unit test",
     "CSINodeGuardHighLatency": "needs p99 above 1 s; promtool unit test",
     "CSINodeGuardLatencyNearTimeout": "needs p99 above 2.5 s; promtool unit test",
+    "CSINodeGuardLateAnswers": "needs a worker stopped past the apiserver's timeout (tests/test_late_answers.py makes "
+                               "the late answer and its metric for real); promtool unit test",
     "CSINodeGuardMatchConditionErrors": "kube-apiserver's metrics; promtool unit test",
     "CSINodeGuardCallsFailing": "kube-apiserver's metrics; promtool unit test",
     "CSINodeGuardFailOpen": "kube-apiserver's metrics; promtool unit test",

@@ -27,12 +27,6 @@ from tests.k8s.prometheus import Prometheus, rule_groups
 
 VERSIONS = "csinode-guard.io/driver-versions"
 
-PANELS_WAITING_FOR_METRICS = {
-    "Answers after the internal budget": "metric added by the late answers work",
-}
-"""Panels whose metrics are exported by work not merged yet: queried, but not required to answer."""
-
-
 def _volume_attachment(cp: ControlPlane, node: str, status: dict[str, Any]) -> None:
     name = unique("va")
     cp.kubectl("create", "-f", "-", input=json.dumps({
@@ -82,7 +76,6 @@ def test_every_dashboard_query_answers_after_a_rollout(
     shipped = json.loads(build.OUTPUT.read_text())
     queries = {p["title"]: [t["expr"] for t in p["targets"]] for p in shipped["panels"] if p["type"] != "row"}
     assert queries == {p.title: [q.expr for q in p.queries] for r in ROWS for p in r.panels}
-    assert set(PANELS_WAITING_FOR_METRICS) <= set(queries)
 
     # A count stored while no guard judged it: the guard's audit reports it as a standing violation.
     unjudged = unique("dash")
@@ -104,7 +97,7 @@ def test_every_dashboard_query_answers_after_a_rollout(
             _rollout(control_plane)
 
         def missing() -> list[str]:
-            return [f"{title}: {expr}" for title, exprs in queries.items() if title not in PANELS_WAITING_FOR_METRICS
+            return [f"{title}: {expr}" for title, exprs in queries.items()
                     for expr in exprs if not prometheus.query(expand(expr, namespace))]
 
         deadline = time.monotonic() + 60  # rates need two scrapes; recording rules one more evaluation
@@ -127,5 +120,5 @@ def test_every_dashboard_query_answers_after_a_rollout(
             f'csinode_guard_attach_errors{{namespace="{namespace}"}} > 0')}
         assert classes == {"capacity", "permission"}, classes
         drawn = picture.render(prometheus.query_range, Path(out) if out else tmp_path / "dashboard.png", namespace,
-                               started, time.time() + 5, waiting=PANELS_WAITING_FOR_METRICS)
+                               started, time.time() + 5)
         assert drawn.read_bytes().startswith(b"\x89PNG"), drawn
