@@ -24,39 +24,30 @@ answered request lacks one); only the audit write's own deadline (0.5 s) lies be
 
 from __future__ import annotations
 
+import contextlib
 import select
-import threading
 import time
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from webhook.admission.durations import parse_duration
 
-_STARTED: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
-_STARTED_LOCK = threading.Lock()
+_STARTED_ATTRIBUTE = "csinode_guard_request_started"
 _CLOSED_EVENTS = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 
 
 def mark_request_started(sock: Any, started: float) -> None:
-    """Remember that the worker began reading the current request of ``sock`` at ``started``
-    (``time.monotonic()`` seconds). Kept only as long as the socket object lives."""
-    try:
-        with _STARTED_LOCK:
-            _STARTED[sock] = started
-    except TypeError:  # not weak-referenceable: the app's own start time is used instead
-        pass
+    """Remember on ``sock`` that the worker began reading its current request at ``started``
+    (``time.monotonic()`` seconds). A socket that takes no attributes (a plain ``socket.socket``; the guard
+    always serves TLS) is left alone: the application's own start time is used instead."""
+    with contextlib.suppress(AttributeError):
+        setattr(sock, _STARTED_ATTRIBUTE, started)
 
 
 def request_started(sock: Any) -> float | None:
     """When the worker began reading the current request of ``sock`` (``time.monotonic()``), or None."""
-    if sock is None:
-        return None
-    try:
-        with _STARTED_LOCK:
-            return _STARTED.get(sock)
-    except TypeError:
-        return None
+    value = getattr(sock, _STARTED_ATTRIBUTE, None)
+    return value if isinstance(value, float) else None
 
 
 def apiserver_timeout(value: str | None) -> float | None:
