@@ -267,7 +267,7 @@ def _review(mode: Mode) -> Response:
     reading_started = request_started(sock)
     if reading_started is None:  # not served by gunicorn's worker (a test client): from now
         reading_started = time.monotonic()
-    if runtime.require_client_cert and not _has_client_certificate(request.environ.get("gunicorn.socket")):
+    if runtime.require_client_cert and not _has_client_certificate(sock):
         return _error(403, "a client certificate signed by the --client-ca is required (the apiserver's webhook "
                            "client certificate)")
     if request.mimetype != "application/json":
@@ -393,8 +393,8 @@ def _report_late(mode: Mode, review: AdmissionRequest, late: Lateness) -> None:
     deadline = f"{late.deadline_seconds:g}s" if late.deadline_seconds is not None else "none sent"
     why = ("past the apiserver's timeout" if late.reason == "deadline"
            else "the apiserver had already closed the connection")
-    log.warning("request %s (/%s, CSINode %s) answered %.3fs after the worker began reading it (timeout %s): %s, so "
-                "it applied the webhook's failurePolicy and this decision did not take effect", review.uid,
+    log.warning("request %s (/%s, CSINode %s) answered %.3fs after the worker began reading it (timeout %s): %s, "
+                "which applied the webhook's failurePolicy instead: this decision did not take effect", review.uid,
                 mode.value, review.name, late.elapsed_seconds, deadline, why)
 
 
