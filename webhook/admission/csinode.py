@@ -52,6 +52,9 @@ class CSINode(NamedTuple):
     resource_version: str = ""
 
 
+_new_tuple = tuple.__new__
+
+
 def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
     """``isinstance(value, Mapping)`` with a fast path for the dicts JSON decoding gives."""
     return type(value) is dict or isinstance(value, Mapping)
@@ -64,28 +67,31 @@ def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
     driver name repeats, or when ``allocatable.count`` is neither absent, null nor an integer from 0 to 2147483647
     (the API field is an int32).
     """
+    # The checks are written out (no helper calls, no generators) where JSON decoding gives plain dicts and
+    # lists: this runs twice per review. Anything else goes the slow way, with the same errors.
     metadata = obj.get("metadata") or {}
-    if not _is_mapping(metadata):
+    if type(metadata) is not dict and not isinstance(metadata, Mapping):
         raise CSINodeError(f"{where}.metadata must be an object")
     raw_annotations = metadata.get("annotations")
     annotations: Mapping[str, str] = {}
     has_annotations = False
-    if _is_mapping(raw_annotations):
+    if type(raw_annotations) is dict or isinstance(raw_annotations, Mapping):
         has_annotations = True
         annotations = raw_annotations  # JSON gives string keys
-        if not all(type(v) is str for v in raw_annotations.values()):  # ObjectMeta.annotations: map[string]string
-            raise CSINodeError(f"{where}.metadata.annotations values must be strings")
+        for value in raw_annotations.values():  # ObjectMeta.annotations: map[string]string
+            if type(value) is not str:
+                raise CSINodeError(f"{where}.metadata.annotations values must be strings")
     elif raw_annotations is not None:
         raise CSINodeError(f"{where}.metadata.annotations must be an object")
     spec = obj.get("spec") or {}
-    if not _is_mapping(spec):
+    if type(spec) is not dict and not isinstance(spec, Mapping):
         raise CSINodeError(f"{where}.spec must be an object")
     raw_drivers = spec.get("drivers") or []
     if type(raw_drivers) is not list:
         raise CSINodeError(f"{where}.spec.drivers must be a list")
     drivers: dict[str, CSINodeDriver] = {}
     for i, entry in enumerate(raw_drivers):
-        name = entry.get("name") if _is_mapping(entry) else None
+        name = entry.get("name") if type(entry) is dict or isinstance(entry, Mapping) else None
         if type(name) is not str or not name:
             raise CSINodeError(f"{where}.spec.drivers[{i}] must be an object with a name")
         if name in drivers:
@@ -93,16 +99,24 @@ def parse_csinode(obj: Mapping[str, Any], where: str = "object") -> CSINode:
         node_id = entry.get("nodeID") or ""
         if type(node_id) is not str:
             raise CSINodeError(f"{where}.spec.drivers[{i}].nodeID must be a string")
-        topology = entry.get("topologyKeys") or []
-        if type(topology) is not list or not all(type(k) is str for k in topology):
-            raise CSINodeError(f"{where}.spec.drivers[{i}].topologyKeys must be a list of strings")
-        drivers[name] = CSINodeDriver(
-            name,
-            node_id,
-            _read_count(entry.get("allocatable"), where, i),
-            i,
-            tuple(topology),
-        )
+        topology = entry.get("topologyKeys") or ()
+        if topology:
+            if type(topology) is not list:
+                raise CSINodeError(f"{where}.spec.drivers[{i}].topologyKeys must be a list of strings")
+            for key in topology:
+                if type(key) is not str:
+                    raise CSINodeError(f"{where}.spec.drivers[{i}].topologyKeys must be a list of strings")
+        allocatable = entry.get("allocatable")
+        if allocatable is None:
+            count = None
+        elif type(allocatable) is dict and (
+            (count := allocatable.get("count")) is None or (type(count) is int and 0 <= count <= INT32_MAX)
+        ):
+            pass
+        else:
+            count = _read_count(allocatable, where, i)
+        # tuple.__new__ builds the named tuple without the Python-level __new__ of namedtuple (a frame less)
+        drivers[name] = _new_tuple(CSINodeDriver, (name, node_id, count, i, tuple(topology)))
     name = metadata.get("name") or ""
     uid = metadata.get("uid") or ""
     if type(name) is not str or type(uid) is not str:

@@ -171,19 +171,8 @@ class AdmissionRequest(NamedTuple):
         )
 
 
-def _require(mapping: Mapping[str, Any], key: str, kind: type, where: str) -> Any:
-    value = mapping.get(key)
-    if not isinstance(value, kind):
-        raise MalformedReviewError(f"{where}.{key} must be a {kind.__name__}")
-    return value
-
-
-def _check_texts(mapping: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
-    """Optional string fields (absent or null read as ""): raises :class:`MalformedReviewError` for another type."""
-    for key in keys:
-        value = mapping.get(key)
-        if value is not None and type(value) is not str:
-            raise MalformedReviewError(f"{where}.{key} must be a string")
+_RESOURCE_TEXTS = ("group", "version", "resource")
+_REQUEST_TEXTS = ("subResource", "name")
 
 
 def decode_json(body: bytes | str) -> Any:
@@ -219,19 +208,29 @@ def check_review(doc: Any) -> AdmissionReviewRequest:
             f"expected apiVersion {API_VERSION!r} and kind {KIND!r}, got "
             f"{str(doc.get('apiVersion'))[:64]!r} and {str(doc.get('kind'))[:64]!r}"
         )
+    # The checks are written out (no helper calls, no generators): this runs for every review.
     request = doc.get("request")
     if not isinstance(request, dict):
         raise MalformedReviewError("AdmissionReview has no request")
-    if not _require(request, "uid", str, "request"):
+    uid = request.get("uid")
+    if not isinstance(uid, str):
+        raise MalformedReviewError("request.uid must be a str")
+    if not uid:
         raise MalformedReviewError("request.uid must not be empty")
-    _require(request, "operation", str, "request")
-    resource = _require(request, "resource", dict, "request")
+    if not isinstance(request.get("operation"), str):
+        raise MalformedReviewError("request.operation must be a str")
+    resource = request.get("resource")
+    if not isinstance(resource, dict):
+        raise MalformedReviewError("request.resource must be a dict")
     user = request.get("userInfo") or {}
     if not isinstance(user, dict):
         raise MalformedReviewError("request.userInfo must be an object")
     groups = user.get("groups") or []
-    if type(groups) is not list or not all(type(g) is str for g in groups):
+    if type(groups) is not list:
         raise MalformedReviewError("request.userInfo.groups must be a list of strings")
+    for group in groups:
+        if type(group) is not str:
+            raise MalformedReviewError("request.userInfo.groups must be a list of strings")
     obj = request.get("object")
     old = request.get("oldObject")
     if obj is not None and type(obj) is not dict:
@@ -240,9 +239,18 @@ def check_review(doc: Any) -> AdmissionReviewRequest:
         raise MalformedReviewError("request.oldObject must be an object or null")
     if not isinstance(request.get("dryRun", False), bool):
         raise MalformedReviewError("request.dryRun must be a boolean")
-    _check_texts(resource, ("group", "version", "resource"), "request.resource")
-    _check_texts(request, ("subResource", "name"), "request")
-    _check_texts(user, ("username",), "request.userInfo")
+    # Optional strings: absent or null read as "".
+    for key in _RESOURCE_TEXTS:
+        value = resource.get(key)
+        if value is not None and type(value) is not str:
+            raise MalformedReviewError(f"request.resource.{key} must be a string")
+    for key in _REQUEST_TEXTS:
+        value = request.get(key)
+        if value is not None and type(value) is not str:
+            raise MalformedReviewError(f"request.{key} must be a string")
+    value = user.get("username")
+    if value is not None and type(value) is not str:
+        raise MalformedReviewError("request.userInfo.username must be a string")
     return cast(AdmissionReviewRequest, doc)
 
 
