@@ -27,6 +27,10 @@ What reaches the guard, and why (Kubernetes facts this module relies on):
     judges them when it can (clamps a registration's count, never refuses it); a guard that is down, hanging or
     misconfigured blocks none.
 
+  With ``validation="cel"`` (``register --validation cel``) both validating entries get one more condition,
+  :data:`webhook.kube.one_call.NOT_DECIDED_CONDITION`: the apiserver skips /validate where the final counts are
+  the ones the state /mutate wrote records (see :mod:`webhook.kube.one_call`).
+
   Exactly one entry of a configuration matches a write, or none (label edits, kubelet's
   ``storage.alpha.kubernetes.io/migrated-plugins`` annotation, a PUT that changes nothing the guard reads).
   What went through unjudged under ``Ignore`` is reconciled at the next judged write of the object (see
