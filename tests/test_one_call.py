@@ -226,3 +226,16 @@ def test_register_dry_run_prints_the_cel_mode(tmp_path: Path) -> None:
         check=False, capture_output=True, text=True,
     )
     assert refused.returncode == 2 and "--validation" in refused.stderr
+
+
+def test_past_its_cost_bounds_cel_does_not_decide() -> None:
+    names = [f"d{i}.csi.example.com" for i in range(one_call.MAX_DRIVERS + 1)]
+    state = GuardState("uid-1", {n: EntryState(20, NOW) for n in names})
+    encoded = encode_state(state, KEYS)
+    old = csinode([entry(n, 20) for n in names[:-1]], {STATE_ANNOTATION: encoded})
+    assert judged("UPDATE", old, copy.deepcopy(old))  # MAX_DRIVERS entries
+    assert not judged("UPDATE", old, csinode([entry(n, 20) for n in names], {STATE_ANNOTATION: encoded}))
+    padded = encoded[:-1] + " " * (one_call.MAX_STATE_BYTES - len(encoded)) + "}"
+    assert len(padded) == one_call.MAX_STATE_BYTES
+    assert judged("UPDATE", old, csinode([entry(n, 20) for n in names[:-1]], {STATE_ANNOTATION: padded}))
+    assert not judged("UPDATE", old, csinode([entry(n, 20) for n in names[:-1]], {STATE_ANNOTATION: padded + " "}))

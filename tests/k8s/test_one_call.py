@@ -12,7 +12,9 @@ reaches the guard once (/mutate) in ``cel``, twice in ``webhook``.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -153,3 +155,48 @@ def test_a_clamp_back_to_the_stored_count_leaves_etcd_untouched_with_cel(
         assert etcd_revision(cp, node) == before, "the clamped PUT wrote a new revision"
     mutated = [r for r in guard.decisions() if r.get("node") == node and r["endpoint"] == "mutate"]
     assert [r["decision"] for r in mutated][-2:] == ["clamp", "clamp"]
+
+
+def test_at_its_bounds_the_condition_stays_within_the_apiservers_cost_budget(control_plane: ControlPlane) -> None:
+    """The largest object CEL still decides (8 entries with 63-character names, an 8 KiB state) is decided without
+    exhausting the apiserver's per-expression cost budget; one entry or one byte more and /validate is called.
+
+    Only a validating configuration is registered, ``--validation cel``, pointing at a port where nothing listens:
+    a write it skips is stored, a write it calls is refused (``failurePolicy: Fail``), and so is one whose
+    condition errors. The writes are the admin's (the ``Fail`` entry's), server-side dry runs."""
+    from webhook.admission.state import EntryState, GuardState, StateKeys, encode_state  # noqa: PLC0415
+    from webhook.kube import one_call  # noqa: PLC0415
+    from webhook.kube.registration import WebhookTarget, build_validating_webhook_configuration  # noqa: PLC0415
+
+    cp = control_plane
+    node = unique("cost")
+    names = [f"{i}{'a' * 55}.csi.io" for i in range(one_call.MAX_DRIVERS + 1)]
+    assert all(len(n) == 63 for n in names)
+    drivers = [{"name": n, "nodeID": f"i-{i}", "allocatable": {"count": 10}} for i, n in enumerate(names)]
+    cp.kubectl("create", "-f", "-", input=json.dumps({
+        "apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "metadata": {"name": node},
+        "spec": {"drivers": drivers[:-1]}}))
+    uid = cp.get_csinode(node)["metadata"]["uid"]
+    now = datetime.now(UTC)
+    encoded = encode_state(GuardState(uid, {n: EntryState(11, now) for n in names}), StateKeys([b"k" * 32]))
+    state = encoded[:-1] + " " * (one_call.MAX_STATE_BYTES - len(encoded)) + "}"  # JSON whitespace: 8 KiB exactly
+
+    def write(entries: list[dict[str, Any]], annotation: str) -> subprocess.CompletedProcess[str]:
+        obj = cp.get_csinode(node)
+        obj["spec"]["drivers"] = [{**e, "allocatable": {"count": 11}} for e in entries]
+        obj["metadata"].setdefault("annotations", {})[STATE] = annotation
+        return cp.kubectl("replace", "--dry-run=server", "-f", "-", check=False, input=json.dumps(obj))
+
+    configuration = build_validating_webhook_configuration(
+        WebhookTarget(ca_bundle=cp.ca_crt.read_bytes(), url="https://127.0.0.1:1"), name=unique("cost"),
+        validation=one_call.VALIDATION_CEL)
+    cp.kubectl("create", "-f", "-", input=json.dumps(configuration))
+    try:
+        wait_until(lambda: write(drivers[:-1], "{}").returncode != 0, timeout=30, what="the configuration applied")
+        decided = write(drivers[:-1], state)
+        assert decided.returncode == 0, decided.stderr
+        assert write(drivers, state).returncode != 0  # one entry more: called (and refused: nothing listens)
+        assert write(drivers[:-1], state + " ").returncode != 0  # one byte more
+    finally:
+        cp.kubectl("delete", "validatingwebhookconfiguration", configuration["metadata"]["name"])
+        cp.kubectl("delete", "csinode", node)

@@ -11,7 +11,8 @@ exactly these counts). CEL cannot verify the HMAC, but it can read the counts in
 :data:`DECIDED_EXPRESSION` is true when CEL can decide alone, i.e. the second HTTPS call is not needed:
 
 - an UPDATE (a CREATE's object has no UID at mutating admission, so no state; it is always sent to /validate);
-- the final object carries ``csinode-guard.io/state``;
+- the final object carries ``csinode-guard.io/state``, of at most :data:`MAX_STATE_BYTES`, and has at most
+  :data:`MAX_DRIVERS` driver entries (the expression's cost budget);
 - neither trust annotation (justification, driver versions) differs from ``oldObject`` (an approval is judged
   by /validate as before: rare, and its recording is what /validate would re-check);
 - for **every** driver entry of the final object, the state holds an entry of that name whose ``count`` is the
@@ -86,10 +87,24 @@ _TRUST_UNCHANGED = " && ".join(
     for k in _TRUST
 )
 
+MAX_STATE_BYTES: Final = 8192
+MAX_DRIVERS: Final = 8
+"""Past these, CEL does not try to decide (/validate is called): they bound the expression's runtime cost.
+
+kube-apiserver gives every matchCondition a runtime cost budget (``PerCallLimit``, 1,000,000) and treats an
+exhausted one as an error, which under ``failurePolicy: Fail`` refuses the write. cel-go charges ``matches`` about
+(0.1 x the string's length) x (0.25 x the pattern's length): at most 8 entries x 820 x 44 = 290,000 here, for a
+pattern of up to a 63-character driver name. A state is a few hundred bytes per driver (8 KiB: dozens of
+approvals); the node can make neither larger than the other writers allow, and past either bound it only costs
+the second call."""
+
+_DRIVERS = "(has(object.spec.drivers) && type(object.spec.drivers) == list ? object.spec.drivers : [])"
+
 DECIDED_EXPRESSION: Final = f"""request.operation == 'UPDATE'
 && has(object.metadata.annotations) && {_cel_quote(STATE_ANNOTATION)} in object.metadata.annotations
+&& size({_STATE}) <= {MAX_STATE_BYTES} && size({_DRIVERS}) <= {MAX_DRIVERS}
 && {_TRUST_UNCHANGED}
-&& (has(object.spec.drivers) && type(object.spec.drivers) == list ? object.spec.drivers : []).all(d,
+&& {_DRIVERS}.all(d,
   has(d.name) && type(d.name) == string && d.name.matches({_cel_quote(_NAME_PATTERN)})
   && {_STATE}.matches('"' + d.name.replace('.', '\\\\.') + {_cel_quote(_PREFIX)}
     + (has(d.allocatable) && has(d.allocatable.count) ? string(d.allocatable.count) : 'null') + ','))"""
@@ -129,12 +144,14 @@ def decided(operation: str, old: Mapping[str, Any] | None, new: Mapping[str, Any
     if operation != "UPDATE":
         return False
     state = _annotation(new, STATE_ANNOTATION)
-    if not state or not isinstance(state[0], str):
+    if not state or not isinstance(state[0], str) or len(state[0]) > MAX_STATE_BYTES:
         return False
     if any(_annotation(new, k) != _annotation(old, k) for k in trust):
         return False
     raw = ((new or {}).get("spec") or {}).get("drivers")
     drivers = raw if isinstance(raw, list) else []
+    if len(drivers) > MAX_DRIVERS:
+        return False
     for d in drivers:
         name = d.get("name") if isinstance(d, Mapping) else None
         if not isinstance(name, str) or not re.fullmatch(_NAME_CHARS, name):
