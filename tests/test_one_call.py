@@ -105,8 +105,9 @@ def states() -> st.SearchStrategy[GuardState]:
         max_size=2)
     declared = st.dictionaries(NAMES, st.builds(DeclaredVersion, TEXT, TEXT, st.just(NOW)), max_size=2)
     return st.builds(
-        lambda entries, a, d, seq: GuardState("uid-1", entries, tuple(a), d, sequence=seq),
-        st.dictionaries(NAMES, entry_states(), max_size=4), approvals, declared, st.integers(0, 5),
+        lambda entries, a, d, scope, seq: GuardState("uid-1", entries, tuple(a), d, scope=scope, sequence=seq),
+        st.dictionaries(NAMES, entry_states(), max_size=4), approvals, declared, st.one_of(st.none(), TEXT),
+        st.integers(0, 5),
     )
 
 
