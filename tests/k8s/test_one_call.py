@@ -200,3 +200,22 @@ def test_at_its_bounds_the_condition_stays_within_the_apiservers_cost_budget(con
     finally:
         cp.kubectl("delete", "validatingwebhookconfiguration", configuration["metadata"]["name"])
         cp.kubectl("delete", "csinode", node)
+
+
+def test_with_the_guard_hanging_the_nodes_decrease_still_goes_through_after_both_calls_time_out(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    """Under the ``Ignore`` entries a hanging guard blocks nothing, with one call as with two: /mutate times out,
+    the state still records the old count, so CEL cannot decide and /validate is called (and times out) too."""
+    cp = control_plane
+    guard = registered(guard_factory, tmp_path, "cel")
+    node = new_node(cp, "hang", 20)
+    guard.pause()
+    try:
+        started = time.monotonic()
+        cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "18")
+        elapsed = time.monotonic() - started
+    finally:
+        guard.resume()
+    assert stored(cp, node) == 18
+    assert elapsed >= 2 * 5 - 0.5, f"{elapsed:.1f}s: the validating call was skipped"  # timeoutSeconds 5, twice
