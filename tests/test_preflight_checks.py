@@ -3,6 +3,7 @@ command against the real apiserver and the real guard)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -262,3 +263,23 @@ def test_exit_codes_and_the_table() -> None:
     assert not [c for c in rows if c.component == "kubelet" and "could not read" not in c.checked]
     assert [c.status for c in rows if c.checked.startswith("could not read")] == [Status.WARN]
 
+
+
+def test_the_guard_registered_with_cel_validation_passes_and_half_of_it_is_named(
+    certs: tuple[bytes, bytes, bytes],
+) -> None:
+    bundle, leaf, _ = certs
+    served = {name: ServingCertificate(leaf, "TLS handshake", "csinode-guard.csinode-guard.svc")
+              for name in ENTRIES}
+    objects = build_webhook_configurations(WebhookTarget(ca_bundle=bundle), validation="cel")
+    registered = {obj["kind"]: obj for obj in objects}
+    rows = check_guard(facts(webhook_configurations=registered, serving_certificates=served))
+    conditions = [r for r in rows if "matchConditions" in r.checked]
+    assert [r.status for r in conditions] == [Status.OK] * 4, conditions
+    assert [r.checked.split(": ")[1] for r in conditions] == ["matchConditions as registered by this release"] * 2 + [
+        "matchConditions as registered by this release (--validation cel)"] * 2
+    half = copy.deepcopy(registered)  # the extra condition on one validating entry only: not what register builds
+    half["ValidatingWebhookConfiguration"]["webhooks"][1]["matchConditions"].pop()
+    half["ValidatingWebhookConfiguration"]["webhooks"][0]["matchConditions"].pop(1)
+    rows = check_guard(facts(webhook_configurations=half, serving_certificates=served))
+    assert [r.checked.split(":")[0] for r in rows if "matchConditions differ" in r.checked] == [ENTRIES[2]]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import base64
 import copy
+import shutil
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from deploy_helpers import DEPLOY, Objects, find, load_yaml_documents
+from deploy_helpers import DEPLOY, Objects, find, kustomize, load_yaml_documents
 
 from webhook.kube import registration
 from webhook.kube.registration import WebhookTarget
@@ -138,3 +140,19 @@ def test_the_yaml_explains_its_choice_beside_the_field(field: str) -> None:
     assert len(positions) == 4
     for position in positions:
         assert lines[position - 1].strip().startswith("#"), f"no comment right above {field} at line {position + 1}"
+
+
+def test_the_one_call_component_is_what_register_validation_cel_builds(kubectl: str, tmp_path: Path) -> None:
+    """An installation overlay with ``components: [../../components/one-call]`` registers what ``register
+    --validation cel`` builds (the default overlay's caBundle left to the guard)."""
+    root = tmp_path / "deploy"
+    for part in ("base", "overlays/default", "components/one-call"):
+        shutil.copytree(DEPLOY / part, root / part)
+    overlay = root / "overlays" / "one-call"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["../default"], "components": ["../../components/one-call"],
+    }), "utf-8")
+    built = registration.build_webhook_configurations(WebhookTarget(ca_bundle=None), validation="cel")
+    assert _configurations(kustomize(kubectl, overlay)) == built

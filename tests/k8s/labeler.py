@@ -3,6 +3,11 @@
 A plain ``http.server`` over TLS (the cluster CA's serving certificate), registered as a
 MutatingWebhookConfiguration whose name sorts after the guard's, so the apiserver calls it after the guard and,
 because it changed the object, reinvokes the guard (``reinvocationPolicy: IfNeeded``).
+
+With ``raise_count=(node, driver, count)`` it is instead a webhook that rewrites a count after the guard: on every
+UPDATE of CSINode ``node`` it sets ``driver``'s ``allocatable.count`` to ``count``, with ``reinvocationPolicy:
+IfNeeded`` so that it also runs after the guard's reinvocation: the final object carries its count, which only
+the validating webhook can catch.
 """
 
 from __future__ import annotations
@@ -28,6 +33,18 @@ class Labeler:
     name: str
     label: str = "test.csinode-guard.io/labelled"
     requests: list[dict[str, Any]] = field(default_factory=list)
+    raise_count: tuple[str, str, int] | None = None
+
+
+def _raise(labeler: Labeler, request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The patch setting the count of :attr:`Labeler.raise_count` (none for another object or driver)."""
+    assert labeler.raise_count is not None
+    node, driver, count = labeler.raise_count
+    if request.get("name") != node:
+        return []
+    drivers = (request["object"].get("spec") or {}).get("drivers") or []
+    return [{"op": "add", "path": f"/spec/drivers/{i}/allocatable", "value": {"count": count}}
+            for i, d in enumerate(drivers) if d.get("name") == driver]
 
 
 def _handler(labeler: Labeler) -> type[BaseHTTPRequestHandler]:
@@ -41,6 +58,8 @@ def _handler(labeler: Labeler) -> type[BaseHTTPRequestHandler]:
             patch = [{"op": "add", "path": path, "value": "yes"}] if labels else [
                 {"op": "add", "path": "/metadata/labels", "value": {labeler.label: "yes"}}
             ]
+            if labeler.raise_count is not None:
+                patch = _raise(labeler, request)
             answer = {
                 "apiVersion": "admission.k8s.io/v1",
                 "kind": "AdmissionReview",
@@ -49,7 +68,7 @@ def _handler(labeler: Labeler) -> type[BaseHTTPRequestHandler]:
                     "allowed": True,
                     "patchType": "JSONPatch",
                     "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
-                },
+                } if patch else {"uid": request["uid"], "allowed": True},
             }
             data = json.dumps(answer).encode()
             self.send_response(200)
@@ -65,10 +84,11 @@ def _handler(labeler: Labeler) -> type[BaseHTTPRequestHandler]:
 
 
 @contextlib.contextmanager
-def running_labeler(cp: ControlPlane, work: Path, guard: Guard) -> Iterator[Labeler]:
+def running_labeler(cp: ControlPlane, work: Path, guard: Guard,
+                    raise_count: tuple[str, str, int] | None = None) -> Iterator[Labeler]:
     """Serve and register the labeler (after ``guard`` in the apiserver's order); removed on exit."""
     work.mkdir(parents=True, exist_ok=True)
-    labeler = Labeler(name=unique("zz-labeler"))
+    labeler = Labeler(name=unique("zz-labeler"), raise_count=raise_count)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(labeler))
     crt, key = cp.serving_cert("csinode-guard")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -91,7 +111,7 @@ def running_labeler(cp: ControlPlane, work: Path, guard: Guard) -> Iterator[Labe
             "failurePolicy": "Fail",
             "sideEffects": "None",
             "admissionReviewVersions": ["v1"],
-            "reinvocationPolicy": "Never",
+            "reinvocationPolicy": "Never" if raise_count is None else "IfNeeded",
             "timeoutSeconds": 5,
         }],
     }

@@ -20,6 +20,7 @@ from cryptography import x509
 
 from webhook.commands.options import api_failure, cluster_options, connect
 from webhook.kube import kubeapi
+from webhook.kube.one_call import VALIDATION_MODES, VALIDATION_WEBHOOK
 from webhook.kube.registration import (
     CONFIGURATION_NAME,
     MUTATE_PATH,
@@ -159,6 +160,15 @@ def apply_configuration(client: kubeapi.KubeClient, obj: Mapping[str, Any]) -> s
     "development); /mutate and /validate are appended.",
 )
 @click.option("--name", default=CONFIGURATION_NAME, show_default=True, help="Name of both configurations.")
+@click.option(
+    "--validation",
+    type=click.Choice(VALIDATION_MODES),
+    default=VALIDATION_WEBHOOK,
+    show_default=True,
+    help="webhook: every write the validating entries match is sent to /validate (two calls). cel: the "
+    "apiserver sends it only where the final counts are not the ones the state /mutate wrote records (one call "
+    "for a kubelet write; see docs/registration.md, One call).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the YAML that would be applied; contact no cluster.")
 @cluster_options
 def register(
@@ -169,6 +179,7 @@ def register(
     service_port: int | None,
     url: str | None,
     name: str,
+    validation: str,
     dry_run: bool,
     kubeconfig: str | None,
     context: str | None,
@@ -201,7 +212,7 @@ def register(
         ca_bundle=pem,
         url=url,
     )
-    objects = build_webhook_configurations(target, name=name)
+    objects = build_webhook_configurations(target, name=name, validation=validation)
     described = _describe_ca(path, certificates, datetime.now(UTC))
     if dry_run:
         for line in described:

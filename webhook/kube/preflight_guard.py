@@ -14,6 +14,7 @@ from typing import Any
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
+from webhook.kube.one_call import VALIDATION_CEL
 from webhook.kube.preflight_facts import Check, ClusterFacts, Status
 from webhook.kube.registration import FAILURE_POLICY, build_webhook_configurations
 
@@ -77,6 +78,11 @@ def check_guard(facts: ClusterFacts) -> list[Check]:
     """The guard's webhook configurations against what ``register`` builds, their CA bundles against the
     serving certificate, and its Deployment's ready replicas."""
     checks: list[Check] = []
+    one_call = {  # `register --validation cel`: the validating entries carry one more condition
+        str(w["name"]): w["matchConditions"]
+        for c in build_webhook_configurations(name=facts.configuration_name, validation=VALIDATION_CEL)
+        for w in c["webhooks"]
+    }
     for expected in build_webhook_configurations(name=facts.configuration_name):
         kind = str(expected["kind"])
         name = str(expected["metadata"]["name"])
@@ -88,14 +94,18 @@ def check_guard(facts: ClusterFacts) -> list[Check]:
             continue
         present = {str(w.get("name")): w for w in found.get("webhooks") or [] if isinstance(w, Mapping)}
         for want in expected["webhooks"]:
-            checks.extend(_check_webhook(facts, component, want, present.get(str(want["name"]))))
+            checks.extend(_check_webhook(facts, component, want, present.get(str(want["name"])),
+                                         one_call.get(str(want["name"]))))
     checks.extend(_check_deployment(facts))
     return checks
 
 
 def _check_webhook(
-    facts: ClusterFacts, component: str, want: Mapping[str, Any], have: Mapping[str, Any] | None
+    facts: ClusterFacts, component: str, want: Mapping[str, Any], have: Mapping[str, Any] | None,
+    one_call: Any = None,
 ) -> list[Check]:
+    """``one_call``: the entry's matchConditions as ``register --validation cel`` builds them (also as
+    registered by this release)."""
     name = str(want["name"])
     if have is None:
         return [Check(component, f"webhook {name} missing", Status.FAIL, "csinode-guard register")]
@@ -104,6 +114,10 @@ def _check_webhook(
     if not conditions:
         checks.append(Check(component, f"{name}: no matchConditions: every CSINode write, registrations among "
                             "them, reaches the guard", Status.FAIL, "csinode-guard register (re-applies them)"))
+    elif one_call is not None and list(conditions) == list(one_call) and list(one_call) != list(
+            want["matchConditions"]):
+        checks.append(Check(component, f"{name}: matchConditions as registered by this release (--validation cel)",
+                            Status.OK))
     elif list(conditions) != list(want["matchConditions"]):
         checks.append(Check(component, f"{name}: matchConditions differ from this release's", Status.WARN,
                             "csinode-guard register (re-applies them)"))

@@ -27,6 +27,10 @@ What reaches the guard, and why (Kubernetes facts this module relies on):
     judges them when it can (clamps a registration's count, never refuses it); a guard that is down, hanging or
     misconfigured blocks none.
 
+  With ``validation="cel"`` (``register --validation cel``) both validating entries get one more condition,
+  :data:`webhook.kube.one_call.NOT_DECIDED_CONDITION`: the apiserver skips /validate where the final counts are
+  the ones the state /mutate wrote records (see :mod:`webhook.kube.one_call`).
+
   Exactly one entry of a configuration matches a write, or none (label edits, kubelet's
   ``storage.alpha.kubernetes.io/migrated-plugins`` annotation, a PUT that changes nothing the guard reads).
   What went through unjudged under ``Ignore`` is reconciled at the next judged write of the object (see
@@ -60,6 +64,7 @@ import yaml
 from webhook.admission.justification import JUSTIFICATION_ANNOTATION
 from webhook.admission.policy import DRIVER_VERSIONS_ANNOTATION
 from webhook.admission.state import STATE_ANNOTATION
+from webhook.kube.one_call import NOT_DECIDED_CONDITION, VALIDATION_MODES, VALIDATION_WEBHOOK
 
 CONFIGURATION_NAME: Final = "csinode-guard"
 """``metadata.name`` of both the MutatingWebhookConfiguration and the ValidatingWebhookConfiguration."""
@@ -453,16 +458,28 @@ def build_validating_webhook_configuration(
     *,
     name: str = CONFIGURATION_NAME,
     annotations: Mapping[str, str] | None = None,
+    validation: str = VALIDATION_WEBHOOK,
 ) -> dict[str, Any]:
-    """The ``admissionregistration.k8s.io/v1`` ValidatingWebhookConfiguration for ``target``."""
+    """The ``admissionregistration.k8s.io/v1`` ValidatingWebhookConfiguration for ``target``.
+
+    ``validation``: ``webhook`` (every write the entries match is sent to /validate) or ``cel`` (both entries get
+    :data:`webhook.kube.one_call.NOT_DECIDED_CONDITION`: /validate is called only where the final counts are not
+    the ones the state /mutate wrote records). Raises ValueError for another value.
+    """
+    if validation not in VALIDATION_MODES:
+        raise ValueError(f"validation must be one of {', '.join(VALIDATION_MODES)}, not {validation!r}")
+    webhooks = [
+        _webhook(VALIDATING_WEBHOOK_NAME, target or WebhookTarget(), VALIDATE_PATH),
+        _webhook(VALIDATING_NEVER_REFUSED_NAME, target or WebhookTarget(), VALIDATE_PATH, never_refused=True),
+    ]
+    if validation != VALIDATION_WEBHOOK:
+        for webhook in webhooks:
+            webhook["matchConditions"].append(dict(NOT_DECIDED_CONDITION))
     return {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": _metadata(name, annotations),
-        "webhooks": [
-            _webhook(VALIDATING_WEBHOOK_NAME, target or WebhookTarget(), VALIDATE_PATH),
-            _webhook(VALIDATING_NEVER_REFUSED_NAME, target or WebhookTarget(), VALIDATE_PATH, never_refused=True),
-        ],
+        "webhooks": webhooks,
     }
 
 
@@ -471,11 +488,13 @@ def build_webhook_configurations(
     *,
     name: str = CONFIGURATION_NAME,
     annotations: Mapping[str, str] | None = None,
+    validation: str = VALIDATION_WEBHOOK,
 ) -> list[dict[str, Any]]:
-    """Both configurations, mutating first (the order ``register`` applies them in)."""
+    """Both configurations, mutating first (the order ``register`` applies them in); ``validation`` as in
+    :func:`build_validating_webhook_configuration`."""
     return [
         build_mutating_webhook_configuration(target, name=name, annotations=annotations),
-        build_validating_webhook_configuration(target, name=name, annotations=annotations),
+        build_validating_webhook_configuration(target, name=name, annotations=annotations, validation=validation),
     ]
 
 

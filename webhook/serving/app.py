@@ -313,8 +313,13 @@ def _review(mode: Mode) -> Response:
     document = build_response(review.uid, decision.response, allow_patch=mode is Mode.MUTATE)
     latency = time.perf_counter() - started
     metrics.observe_decision(mode.value, decision, review.dry_run, latency, runtime.is_known_driver)
-    if runtime.observe_count is not None and mode is Mode.VALIDATE and decision.response.allowed:
+    if runtime.observe_count is not None and mode is Mode.MUTATE and decision.response.allowed:
+        # The attach headroom of every count the write stores: observed where it is admitted, at /mutate, which
+        # every such write reaches (with `register --validation cel` /validate is called only where CEL cannot
+        # decide). A clamp back to the stored count stores nothing and is not observed.
         for change in decision.changes:
+            if change.final == change.before and not change.change.registration:
+                continue
             driver = change.change.driver
             runtime.observe_count(driver, change.final, decision.node,
                                   label=metrics.driver_label(driver, runtime.is_known_driver))
