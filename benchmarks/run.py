@@ -1,7 +1,9 @@
 """Run the benchmarks and print the results as Markdown: ``python -m benchmarks.run [--quick]``.
 
-Sections (``--only core,served,spread,memory``): the pure core on realistic reviews; the served webhook over TLS
-next to the no-op endpoint at 1 and 8 connections; how few long-lived connections spread over the workers;
+Sections (``--only core,served,spread,memory``, and ``audit`` on request): the pure core on realistic reviews;
+the served webhook over TLS next to the no-op endpoint at 1 and 8 connections (``--audit-log PATH``: where its
+audit records go); what building and writing the audit record costs per review (``audit``); how few
+long-lived connections spread over the workers;
 RSS over many requests (``--memory-requests``, 1,000,000 by default, 50,000 with ``--quick``).
 ``--json FILE`` also writes every number. Targets (issue 5) are checked and printed; the exit code is 0
 either way (these are measurements, not tests).
@@ -66,14 +68,14 @@ def section_core(quick: bool, out: dict[str, Any]) -> None:
           f"{overall.p50_us:.1f} µs — {_mark(overall.p50_us <= CORE_TARGET_P50_US)}")
 
 
-def section_served(quick: bool, out: dict[str, Any]) -> None:
+def section_served(quick: bool, out: dict[str, Any], audit_log: str | None = None) -> None:
     from benchmarks.served import Comparison, compare  # noqa: PLC0415
 
-    comparisons, info = compare(rounds=2 if quick else 5, seconds=3.0 if quick else 6.0)
+    comparisons, info = compare(rounds=2 if quick else 5, seconds=3.0 if quick else 6.0, audit_log=audit_log)
     out["served"] = {"info": info, "runs": []}
     print(f"\n## Served over TLS, keep-alive, {info['workers']} workers × {info['threads']} threads, "
-          f"--connection-max-age {info['connection_max_age']:g} s (load: {info['load_generator']}, "
-          f"alternating rounds)\n")
+          f"--connection-max-age {info['connection_max_age']:g} s, audit log to {info['audit_log']} "
+          f"(load: {info['load_generator']}, alternating rounds)\n")
     print("| connections | endpoint | req/s | p50 µs | p99 µs | failed | guard/no-op |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for c in comparisons:
@@ -91,6 +93,19 @@ def section_served(quick: bool, out: dict[str, Any]) -> None:
     if one is not None:
         p99 = Comparison.summary(one.guard)["p99_us"]
         print(f"Target /mutate p99 <= 10 ms at 1 connection: {p99 / 1000:.2f} ms — {_mark(p99 <= P99_TARGET_US)}")
+
+
+def section_audit(quick: bool, out: dict[str, Any]) -> None:
+    from benchmarks.audit_cost import run_cost  # noqa: PLC0415
+
+    results, facts = run_cost(iterations=300 if quick else 3000, warmup=30 if quick else 300)
+    out["audit"] = {"facts": facts, "steps": [asdict(r) for r in results]}
+    print(f"\n## The audit record on the answer path: build + encode + write, per review ({facts['reviews']} "
+          f"reviews, {facts['records_per_review']:.1f} records, {facts['bytes_per_review']:.0f} bytes each)\n")
+    print("| step | p50 µs | p99 µs | CPU p50 µs | samples |")
+    print("|---|---:|---:|---:|---:|")
+    for r in results:
+        print(f"| {r.step} | {r.p50_us:.1f} | {r.p99_us:.1f} | {r.cpu_p50_us:.1f} | {r.samples} |")
 
 
 def section_spread(quick: bool, out: dict[str, Any]) -> None:
@@ -131,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs (about 2 minutes in all)")
     parser.add_argument("--only", default="core,served,spread,memory", help="comma-separated sections")
     parser.add_argument("--memory-requests", type=int, default=None, help="requests for the memory section")
+    parser.add_argument("--audit-log", default=None,
+                        help="the served section's --audit-log (default: a file; /dev/null to leave it out)")
     parser.add_argument("--json", type=Path, default=None, help="also write all numbers to this file")
     args = parser.parse_args(argv)
     out: dict[str, Any] = {"machine": machine(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -144,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         if name == "core":
             section_core(args.quick, out)
         elif name == "served":
-            section_served(args.quick, out)
+            section_served(args.quick, out, args.audit_log)
+        elif name == "audit":
+            section_audit(args.quick, out)
         elif name == "spread":
             section_spread(args.quick, out)
         elif name == "memory":

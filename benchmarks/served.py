@@ -270,15 +270,19 @@ class Comparison:
 
 
 def compare(connections: tuple[int, ...] = (1, 8), rounds: int = 5, seconds: float = 5.0,
-            workers: int = 2, threads: int = 8,
-            connection_max_age: float = 1.0) -> tuple[list[Comparison], dict[str, Any]]:
+            workers: int = 2, threads: int = 8, connection_max_age: float = 1.0,
+            audit_log: str | None = None) -> tuple[list[Comparison], dict[str, Any]]:
     """Alternate /noop and /mutate runs (``rounds`` each per connection count) on one server.
+
+    ``audit_log``: the server's ``--audit-log`` (default: a file in its temporary directory; ``/dev/null`` to
+    leave out the cost of the file system; /noop writes no record either way).
 
     ``connection_max_age`` is short by default: wrk opens its connections at once and a 6 s run would keep
     whatever split over the workers the first accepts gave (all on one worker, sometimes); closing them every
     second lets them spread as the apiserver's do over a minute. It applies to both endpoints alike.
     """
-    server = start_server(workers=workers, threads=threads, connection_max_age=connection_max_age)
+    server = start_server(workers=workers, threads=threads, connection_max_age=connection_max_age,
+                          audit_log=audit_log)
     try:
         bodies = write_bodies(server.workdir / "bodies")
         for path in ("/noop?timeout=10s", "/mutate?timeout=10s"):  # warm both code paths and TLS sessions
@@ -294,7 +298,7 @@ def compare(connections: tuple[int, ...] = (1, 8), rounds: int = 5, seconds: flo
                     getattr(comparison, which).append(result)
             out.append(comparison)
         info = {"load_generator": "wrk" if have_wrk() else "python", "workers": workers, "threads": threads,
-                "connection_max_age": connection_max_age,
+                "connection_max_age": connection_max_age, "audit_log": audit_log or "a file",
                 "audit_records": _count_lines(Path(server.audit_log))}
         return out, info
     finally:
