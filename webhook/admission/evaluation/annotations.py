@@ -12,10 +12,9 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 from webhook.admission.csinode import CSINode
 from webhook.admission.decision import Note
@@ -47,8 +46,7 @@ def _decode_versions(raw: str) -> Mapping[str, Any]:
 
 
 
-@dataclass(frozen=True, slots=True)
-class Declarations:
+class Declarations(NamedTuple):
     """What a write's annotations declare, read once.
 
     ``approvals`` the state's approvals and the ones a justifier's justification adds (``approvals_recorded`` of

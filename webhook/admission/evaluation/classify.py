@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from webhook.admission.ceiling_pin import pin_ceiling
 from webhook.admission.cluster import ClusterView
@@ -41,8 +41,7 @@ from webhook.admission.state import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Write:
+class Write(NamedTuple):
     """One classified write: the inputs, and what was decided about them once.
 
     ``node`` the CSINode's name; ``create`` a CREATE; ``uid`` the object's UID (at CREATE none yet: no state can

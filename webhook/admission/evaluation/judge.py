@@ -17,7 +17,7 @@ from typing import NamedTuple
 from webhook.admission.ceiling_pin import pin_ceiling
 from webhook.admission.cluster import ClusterView
 from webhook.admission.csinode import CountChange, format_count, removed_drivers
-from webhook.admission.decision import Mode, Note
+from webhook.admission.decision import Mode, Note, RuleOutcome
 from webhook.admission.evaluation.classify import Write
 from webhook.admission.evaluation.wording import capacity_note, pass_reason
 from webhook.admission.policy import STATE_INTEGRITY, DriverPolicy, EnforcementAction
@@ -25,14 +25,6 @@ from webhook.admission.rules import RULES, change_rate
 from webhook.admission.rules.base import BudgetAnswer, RuleContext, Violation
 from webhook.admission.rules.writer_identity import RULE_ID as WRITER_IDENTITY
 from webhook.admission.state import STATE_ANNOTATION, DeclaredVersion, PinnedLabel, StateKeys, decode_state
-
-
-class Passed(NamedTuple):
-    """Rule ``rule`` found nothing on change ``change`` (its index in ``Write.changes``), for ``reason``."""
-
-    change: int
-    rule: str
-    reason: str
 
 
 class Found(NamedTuple):
@@ -50,8 +42,9 @@ class Remark(NamedTuple):
     note: Note
 
 
-Verdict = Passed | Found | Remark
-"""One item of what the rules found, in the order they found it."""
+Verdict = RuleOutcome | Found | Remark
+"""One item of what the rules found, in the order they found it: a rule's ``pass`` outcome on a change (with its
+reason), a violation, or a note."""
 
 
 class Judgement(NamedTuple):
@@ -93,8 +86,9 @@ def judge(write: Write, cluster: ClusterView, keys: StateKeys) -> Judgement:
         for rule_id, check in RULES:
             found = check(ctx)
             if not found:
-                verdicts.append(Passed(index, rule_id, pass_reason(rule_id, ctx)))
-            verdicts.extend(Found(index, v) for v in found)
+                verdicts.append(RuleOutcome(rule_id, change.driver, "pass", None, None, pass_reason(rule_id, ctx)))
+            for v in found:
+                verdicts.append(Found(index, v))
         note = capacity_note(change, ctx.attach_errors, write.policy.large_decrease_fraction)
         if note:
             verdicts.append(Remark(note))

@@ -18,7 +18,7 @@ from webhook.admission.csinode import CountChange, format_count
 from webhook.admission.decision import Decision, Mode, Note, RuleOutcome
 from webhook.admission.evaluation.classify import Write
 from webhook.admission.evaluation.effective import Finding, effective_action, freezes, keeps_stored_count
-from webhook.admission.evaluation.judge import Found, Judgement, Passed, judge_budget
+from webhook.admission.evaluation.judge import Found, Judgement, judge_budget
 from webhook.admission.evaluation.messages import admitted_lines, denial_lines
 from webhook.admission.evaluation.wording import finding_line
 from webhook.admission.policy import EnforcementAction
@@ -69,17 +69,12 @@ class _Ledger:
         self.outcomes: list[RuleOutcome] = []
         self.notes: list[Note] = [*write.notes, *write.declarations.notes]
         self.by_change: dict[int, list[int]] = {}  # change index -> positions of its findings
-        self.starts: dict[int, int] = {}  # change index -> index of its first outcome
+        self.starts: dict[str, int] = {}  # driver of a change -> index of its first outcome (drivers are unique)
 
-    def passed(self, verdict: Passed) -> None:
-        self.starts.setdefault(verdict.change, len(self.outcomes))
-        driver = self.write.changes[verdict.change].driver
-        self.outcomes.append(RuleOutcome(verdict.rule, driver, "pass", None, None, verdict.reason))
-
-    def _passed_at(self, index: int, change: CountChange, rule: str) -> int | None:
+    def _passed_at(self, change: CountChange, rule: str) -> int | None:
         """The index of ``rule``'s "pass" outcome on ``change``, if it has one (among the change's own
         outcomes: judged together)."""
-        start = self.starts.get(index)
+        start = self.starts.get(change.driver)
         if start is None:
             return None
         for i in range(start, len(self.outcomes)):
@@ -96,8 +91,8 @@ class _Ledger:
         ``force`` sets the effective action whatever the scope and the write (a refusal for everyone)."""
         write = self.write
         change = write.changes[index] if index is not None else None
-        if index is not None:
-            self.starts.setdefault(index, len(self.outcomes))
+        if change is not None:
+            self.starts.setdefault(change.driver, len(self.outcomes))
         effective = force or effective_action(write, v, change)
         if effective is EnforcementAction.DENY and change is not None and keeps_stored_count(write, v, change):
             # deny acts as clamp for the node's kubelet: to the count the denial would have kept (the stored one).
@@ -110,7 +105,7 @@ class _Ledger:
             )
             if note not in self.notes:
                 self.notes.append(note)
-        passed = self._passed_at(index, change, v.rule) if index is not None and change is not None else None
+        passed = self._passed_at(change, v.rule) if change is not None else None
         at = len(self.outcomes) if passed is None else passed
         self.findings.append(Finding(change, index, v, effective, at))
         if index is not None:
@@ -193,9 +188,11 @@ def settle(write: Write, judgement: Judgement, budget: IncreaseBudget | None = N
     """Settle ``judgement`` of ``write``. ``budget`` (/mutate only; a dry-run request is judged against it
     without taking from it) is read with ``budget_clock`` seconds (None: ``write.now`` as a timestamp)."""
     ledger = _Ledger(write)
+    outcomes, starts = ledger.outcomes, ledger.starts
     for verdict in judgement.verdicts:
-        if isinstance(verdict, Passed):
-            ledger.passed(verdict)
+        if isinstance(verdict, RuleOutcome):  # a pass
+            starts.setdefault(verdict.driver or "", len(outcomes))
+            outcomes.append(verdict)
         elif isinstance(verdict, Found):
             ledger.add(verdict.change, verdict.violation, verdict.force)
         else:
