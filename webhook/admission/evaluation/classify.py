@@ -1,0 +1,277 @@
+"""Stage 1, classify: the request, the old and new CSINode, the verified state and the writer -> a :class:`Write`.
+
+Decided once, here, and never changed later: who writes (:class:`~webhook.admission.rules.base.Writer`), whether
+the node is judged in the enforcement scope, the verified state (a replayed or removed one is not used), the
+changes to judge, each from the last count the guard trusts, and which of them may only be clamped or warned
+about (``never_refused``, ``soft_drivers``), and what the write's annotations declare
+(:mod:`.annotations`).
+
+Writes that are never refused (DESIGN.md, the asymmetry): a CREATE, and an UPDATE with a registration or a
+removal but no increase of an entry that stays, by the node's own kubelet. A registration is judged from the
+entry's retained state (the count before removal); removals are not changes.
+
+Reconciliation: the signed state records the last count the guard accepted. When a write went through unjudged
+(the guard down under ``failurePolicy: Ignore``), the object's count differs from it: a lower one counts as
+accepted, a higher one is judged as a change from the last accepted count (and is never refused for an entry
+the write does not touch); an untouched entry without state is judged by the ceilings.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from datetime import datetime
+from typing import NamedTuple
+
+from webhook.admission.ceiling_pin import pin_ceiling
+from webhook.admission.cluster import ClusterView
+from webhook.admission.csinode import INT32_MAX, CountChange, CSINode, diff_drivers, format_count, removed_drivers
+from webhook.admission.decision import Mode, Note
+from webhook.admission.evaluation.annotations import Declarations, read_annotations
+from webhook.admission.policy import Policy
+from webhook.admission.review import AdmissionRequest
+from webhook.admission.rules.base import Writer
+from webhook.admission.state import (
+    STATE_ANNOTATION,
+    DecodedState,
+    EntryState,
+    StateKeys,
+    StateProblem,
+    decode_state,
+)
+
+
+class Write(NamedTuple):
+    """One classified write: the inputs, and what was decided about them once.
+
+    ``node`` the CSINode's name; ``create`` a CREATE; ``uid`` the object's UID (at CREATE none yet: no state can
+    be signed); ``exempt`` the requester is exempt (judged as a dry run); ``labels`` the Node's labels (None =
+    unknown); ``scope_key`` the scope as the state records it, ``scope_matched`` the labels select the node,
+    ``scope_pinned`` the verified state pinned it, ``in_scope`` either; ``decoded`` the verified state
+    (``state`` None when missing, invalid or replayed), ``base_sequence`` the sequence the next state follows;
+    ``entries`` the state's entries; ``changes`` the changes to judge (in the object's order, then the
+    reconciled untouched entries); ``never_refused`` the whole write; ``soft_drivers`` entries judged from their
+    last trusted count (clamped, never refused); ``stored_before`` their stored count; ``notes`` what
+    classifying found; ``declarations`` what the annotations declare.
+    """
+
+    request: AdmissionRequest
+    policy: Policy
+    now: datetime
+    mode: Mode
+    old: CSINode
+    new: CSINode
+    node: str
+    create: bool
+    uid: str
+    writer: Writer
+    exempt: bool
+    labels: Mapping[str, str] | None
+    scope_key: str | None
+    scope_matched: bool
+    scope_pinned: bool
+    in_scope: bool
+    decoded: DecodedState
+    base_sequence: int
+    entries: Mapping[str, EntryState]
+    changes: tuple[CountChange, ...]
+    never_refused: bool
+    soft_drivers: frozenset[str]
+    stored_before: Mapping[str, int | None]
+    notes: tuple[Note, ...]
+    declarations: Declarations
+
+
+def above(count: int | None, trusted: int | None) -> bool:
+    """True when ``count`` is higher than ``trusted`` (None = unbounded, higher than any count)."""
+    if trusted is None:
+        return False
+    return count is None or count > trusted
+
+
+def in_scope(policy: Policy, labels: Mapping[str, str] | None) -> bool:
+    """True when ``spec.enforcementScope.nodeSelector`` selects the node (or there is none). A node whose labels
+    are unknown (Node missing, cache not synced) is enforced: the node could otherwise leave the canary by making
+    its labels unknown."""
+    wanted = policy.scope_match_labels
+    if wanted is None or labels is None:
+        return True
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def scope_key(policy: Policy) -> str | None:
+    """The enforcement scope as recorded in the state: canonical JSON of its ``matchLabels`` (None: no scope)."""
+    wanted = policy.scope_match_labels
+    return None if wanted is None else json.dumps(dict(wanted), sort_keys=True, separators=(",", ":"))
+
+
+def checked_for_replay(decoded: DecodedState, newest: int | None) -> DecodedState:
+    """``decoded``, or why it is not used: a verified state older than the newest one seen for the object
+    (``ClusterView.newest_state_sequence``) is a replay (the node PUT back an older state of its own while the
+    guard was down), so the entries are judged from the ceilings (the newest state's content is not at hand). A
+    missing state on an object a state was seen for was removed: said in the detail (logged)."""
+    state = decoded.state
+    if newest is None:
+        return decoded
+    if state is not None and state.sequence < newest:
+        return DecodedState(
+            None, StateProblem.REPLAYED,
+            f"state sequence {state.sequence} is older than {newest}, the newest seen for this object (replayed); "
+            "its entries are judged from the ceilings",
+        )
+    if state is None and decoded.problem is StateProblem.MISSING:
+        return DecodedState(
+            None, StateProblem.MISSING,
+            f"the object had a state (sequence {newest} seen) and it was removed; its entries are judged from the "
+            "ceilings",
+        )
+    return decoded
+
+
+def classify(
+    request: AdmissionRequest,
+    policy: Policy,
+    cluster: ClusterView,
+    now: datetime,
+    keys: StateKeys,
+    mode: Mode,
+    old: CSINode,
+    new: CSINode,
+) -> Write:
+    """Classify the CREATE or UPDATE ``request`` of ``old`` (an empty CSINode at CREATE) into ``new``."""
+    node = new.name or old.name or request.name
+    uid = old.uid or new.uid
+    labels = cluster.node_labels(node)
+    key = scope_key(policy)
+    matched = in_scope(policy, labels)
+    writer = Writer(
+        username=request.username,
+        groups=request.groups,
+        is_node_kubelet=request.username == f"system:node:{node}" and "system:nodes" in request.groups,
+        is_listed_writer=policy.writers.contains(request.username, request.groups),
+    )
+    newest = cluster.newest_state_sequence(uid) if uid else None
+    decoded = checked_for_replay(decode_state(old.annotations.get(STATE_ANNOTATION), uid, keys), newest)
+    state = decoded.state
+    # Once judged in the enforcement scope, an object stays in it: the node can remove a label from itself.
+    pinned = state is not None and key is not None and state.scope == key
+    entries: Mapping[str, EntryState] = state.entries if state is not None else {}
+    create = request.operation == "CREATE"
+    changes = _Changes(node, policy, labels, entries, old, new)
+    never_refused = changes.never_refused(create, writer)
+    declarations = read_annotations(request, policy, now, old, new, never_refused,
+                                    state.approvals if state is not None else (),
+                                    state.declared if state is not None else {})
+    return Write(
+        request=request, policy=policy, now=now, mode=mode, old=old, new=new, node=node, create=create, uid=uid,
+        writer=writer, exempt=policy.exemptions.contains(request.username, request.groups), labels=labels,
+        scope_key=key, scope_matched=matched, scope_pinned=pinned, in_scope=matched or pinned, decoded=decoded,
+        # The next state's sequence: past the stored one and past the newest any replica saw for the object.
+        base_sequence=max(state.sequence if state is not None else 0, newest or 0),
+        entries=entries, changes=changes.judged, never_refused=never_refused,
+        soft_drivers=frozenset(changes.soft), stored_before=changes.stored_before, notes=tuple(changes.notes),
+        declarations=declarations,
+    )
+
+
+class _Changes:
+    """The changes to judge, worked out in the constructor (its attributes are not changed afterwards).
+
+    A registration of an entry that appears starts from the count the state retained for it (the count before
+    removal; None without history). Any other entry starts from the lower of the stored count and the state's:
+    a higher stored count went through unjudged, so it is judged as a change from the state's count — also for
+    an entry the write does not touch — and is clamped, never refused (a refusal would keep the untrusted count).
+    """
+
+    def __init__(self, node: str, policy: Policy, labels: Mapping[str, str] | None,
+                 entries: Mapping[str, EntryState], old: CSINode, new: CSINode) -> None:
+        notes: list[Note] = []
+        soft: set[str] = set()
+        stored_before: dict[str, int | None] = {}
+        raw = diff_drivers(old, new, registrations=True)
+        touched = {c.driver for c in raw}
+        changes: list[CountChange] = []
+        for c in raw:
+            entry = entries.get(c.driver)
+            if c.registration and c.driver not in old.drivers:
+                changes.append(c._replace(old=entry.count) if entry is not None else c)
+                continue
+            if entry is None or not above(c.old, entry.count):
+                changes.append(c)
+                continue
+            notes.append(Note(
+                f"{node}/{c.driver}: the stored count {format_count(c.old)} is above the last count "
+                f"csinode-guard accepted ({format_count(entry.count)}): judged from {format_count(entry.count)}",
+                c.driver,
+            ))
+            rebased = c._replace(old=entry.count)
+            if rebased.old == rebased.new and not rebased.registration:
+                continue
+            stored_before[c.driver] = c.old
+            # Refusing would keep the stored count, which is higher than anything trusted: clamp instead.
+            soft.add(rebased.driver)
+            changes.append(rebased)
+        stateless: list[CountChange] = []
+        for name, driver in new.drivers.items():
+            entry = entries.get(name)
+            if name in touched or name not in old.drivers:
+                continue
+            if entry is None:
+                found = _stateless(node, policy, labels, name, driver.allocatable_count, driver.position)
+                if found is not None:
+                    notes.append(found[1])
+                    soft.add(name)
+                    stored_before[name] = driver.allocatable_count
+                    stateless.append(found[0])
+                continue
+            if above(driver.allocatable_count, entry.count):
+                notes.append(Note(
+                    f"{node}/{name}: the stored count {format_count(driver.allocatable_count)} is above the "
+                    f"last count csinode-guard accepted ({format_count(entry.count)}); it went through unjudged "
+                    "and is judged now",
+                    name,
+                ))
+                soft.add(name)
+                stored_before[name] = driver.allocatable_count
+                changes.append(CountChange(node, name, entry.count, driver.allocatable_count, driver.position))
+        changes.extend(stateless)
+        self.raw = raw
+        self.structural_kind = bool(removed_drivers(old, new)) or any(c.registration for c in raw)
+        self.judged = tuple(changes)
+        self.notes = notes
+        self.soft = soft
+        self.stored_before = stored_before
+
+    def never_refused(self, create: bool, writer: Writer) -> bool:
+        """True when the whole write is never refused: a CREATE, registration or removal and no increase of an
+        entry that stays, by the node's own kubelet.
+
+        The webhook entries' matchConditions split writes the same way (webhook/kube/registration.py): these
+        reach the guard under failurePolicy Ignore, and the guard never refuses them either (kubelet exits when it
+        cannot register a driver). Decreases also come under Ignore but are judged as usual. Only the node's own
+        kubelet: anyone else's CREATE, registration or removal is judged by writer-identity (webhook/kube/
+        registration.py sends it to the Fail entry)."""
+        increase = any(c.is_increase and not c.registration for c in self.raw)
+        return (create or self.structural_kind) and not increase and writer.is_node_kubelet
+
+
+def _stateless(node: str, policy: Policy, labels: Mapping[str, str] | None, name: str, count: int | None,
+               position: int) -> tuple[CountChange, Note] | None:
+    """An entry the write does not touch and the state has no entry for (it went through unjudged, or its state
+    was removed or replayed): judged by the stateless rules -- unbounded where the driver has a finite ceiling,
+    2147483647, above the ceiling -- as a registration of its stored count, clamped, never refused. None when
+    there is nothing to judge."""
+    dp = policy.for_driver(name)
+    ceiling = pin_ceiling(dp.ceiling, labels, None).ceiling
+    if ceiling is None and count is not None and count < INT32_MAX:
+        return None
+    if ceiling is not None and count is not None and count <= ceiling:
+        return None
+    if ceiling is None and count is None:
+        return None
+    note = Note(
+        f"{node}/{name}: the stored count {format_count(count)} has no state entry (it went through "
+        "unjudged); judged by the ceilings now",
+        name,
+    )
+    return CountChange(node, name, None, count, position, registration=True), note

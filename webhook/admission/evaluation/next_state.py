@@ -1,0 +1,96 @@
+"""Where the next signed state is built: the finals of an admitted write -> :class:`GuardState` and the
+:class:`ChangeOutcome` of each change.
+
+An entry whose count does not change keeps its state; a registration that brings an entry back as it was
+records nothing new (no state churn). Otherwise the entry records the final count, when it changed, the writer's
+version, a freeze (a version rollback freezes increases for ``freezeFor``), a correction (a lower count backed
+by a capacity attach error or a justification) and the ceiling label pinned for it. Entries of drivers that are
+no longer in the object are kept (kubelet removes and registers again a driver whose node plugin restarts);
+expired approvals are dropped; the enforcement scope stays pinned until a justifier's annotation lets a node
+that left it go. No state without an object UID (a CREATE) or when nothing changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+
+from webhook.admission.cluster import AttachErrorClass
+from webhook.admission.decision import ChangeOutcome
+from webhook.admission.evaluation.classify import Write
+from webhook.admission.evaluation.judge import Judgement
+from webhook.admission.evaluation.settle import Settlement
+from webhook.admission.state import Correction, EntryState, GuardState
+
+
+def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tuple[
+    GuardState | None, list[ChangeOutcome]
+]:
+    """The state to sign for the admitted ``write`` (None: none to write) and each change's outcome."""
+    now, finals, pins = write.now, settlement.finals, judgement.pins
+    declarations = write.declarations
+    entries: dict[str, EntryState] | None = None  # a copy, made at the first changed entry
+    outcomes: list[ChangeOutcome] = []
+    for i, c in enumerate(write.changes):
+        final = finals[c.driver]
+        ctx = judgement.contexts[c.driver]
+        prev = write.entries.get(c.driver)
+        freeze = i in settlement.freezing
+        if final == c.old and not c.registration:
+            outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
+            continue
+        if (
+            c.registration
+            and prev is not None
+            and prev.count == final
+            and not freeze
+            and ctx.driver_version in (None, prev.writer_version)
+            and pins.get(c.driver, prev.pinned) == prev.pinned
+        ):
+            # A plugin restart that brings the entry back as it was: nothing new to record (no state churn).
+            outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
+            continue
+        frozen_until = prev.frozen_until if prev and prev.frozen_until and prev.frozen_until > now else None
+        if freeze:
+            frozen_until = now + timedelta(seconds=ctx.driver_policy.rules.freeze_for)
+        correction = prev.correction if prev else None
+        basis = None
+        lower = final is not None and (c.old is None or final < c.old)
+        if lower:
+            capacity = [e for e in ctx.attach_errors or () if e.error_class is AttachErrorClass.CAPACITY]
+            if capacity:
+                basis = "resource-exhausted"
+            elif any(a.covers(c.driver, final, now) for a in declarations.by_driver.get(c.driver, ())):
+                basis = "justification"
+            if basis:
+                correction = Correction(at=now, before=c.old, after=final, basis=basis)
+        same = c.registration and prev is not None and prev.count == final
+        entry = EntryState(
+            count=final,
+            changed_at=prev.changed_at if same and prev is not None else now,
+            writer_version=ctx.driver_version or (prev.writer_version if prev else None),
+            frozen_until=frozen_until,
+            correction=correction,
+            pinned=pins.get(c.driver, prev.pinned if prev else None),
+        )
+        if entries is None:
+            entries = dict(write.entries)
+        entries[c.driver] = entry
+        outcomes.append(ChangeOutcome(c, final, ctx.driver_version, basis, freeze))
+    if (entries is None and not declarations.approvals_recorded and not declarations.declared_changed) or not write.uid:
+        return None, outcomes
+    # Entries of drivers that are not in the object now are kept: kubelet removes a driver whose node plugin
+    # restarts and registers it again, and its history (freeze, correction, version) must survive that.
+    approvals = tuple(a for a in declarations.approvals if a.expires > now)  # expired approvals are dropped
+    # The scope stays pinned until a justifier's annotation on the object lets a node that left it go.
+    keep_scope = write.scope_matched or (write.scope_pinned and not declarations.approvals_recorded)
+    kept: Mapping[str, EntryState] = write.entries if entries is None else entries
+    state = GuardState(
+        write.uid,
+        kept,
+        approvals,
+        declarations.declared,
+        scope=write.scope_key if keep_scope and write.in_scope else None,
+        sequence=write.base_sequence + 1,
+    )
+    return state, outcomes
