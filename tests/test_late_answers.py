@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import ssl
 import time
 import urllib.request
 from pathlib import Path
@@ -23,6 +21,7 @@ import pytest
 
 from tests.conftest import SERVICE_DNS, RunningServer
 from tests.load import review_with_uid
+from tests.test_hardening_http import read_answer, tls_connection
 
 pytestmark = pytest.mark.slow
 
@@ -33,37 +32,10 @@ def worker_pids(server: RunningServer) -> list[int]:
     return [int(p) for p in path.read_text().split()]
 
 
-def connect(server: RunningServer) -> ssl.SSLSocket:
-    """A TLS connection that verifies the guard's certificate against its CA and service DNS name."""
-    context = ssl.create_default_context(cafile=str(server.cert_dir / "ca.crt"))
-    raw = socket.create_connection(("127.0.0.1", server.port), timeout=10)
-    return context.wrap_socket(raw, server_hostname=SERVICE_DNS)
-
-
 def request_bytes(path: str, body: bytes) -> bytes:
     """An HTTP/1.1 keep-alive POST as the apiserver sends it."""
     return (f"POST {path} HTTP/1.1\r\nHost: {SERVICE_DNS}\r\nContent-Type: application/json\r\n"
             f"Accept: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
-
-
-def read_answer(conn: ssl.SSLSocket, timeout: float) -> tuple[int, bytes]:
-    """One HTTP response (status, body) from ``conn``; raises TimeoutError when none comes within ``timeout``."""
-    conn.settimeout(timeout)
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed after {data!r}")
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
-    while len(body) < int(headers.get("content-length", "0")):
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return int(lines[0].split()[1]), body
 
 
 def records_of(server: RunningServer, uid: str, timeout: float = 15.0) -> list[dict[str, Any]]:
@@ -101,10 +73,10 @@ def test_a_review_that_waited_in_a_stopped_workers_socket_past_its_timeout_is_re
     server = server_factory(workers=1)
     [worker] = worker_pids(server)
     assert late_answers(server) == {"mutate": 0.0, "validate": 0.0}  # both series exist before any late answer
-    conn = connect(server)
+    conn = tls_connection(server)
     try:
         conn.sendall(request_bytes("/mutate?timeout=10s", review_with_uid("warm-on-time")))
-        status, body = read_answer(conn, timeout=10)
+        status, _, body = read_answer(conn, timeout=10)
         assert status == 200 and json.loads(body)["response"]["uid"] == "warm-on-time"
         os.kill(worker, signal.SIGSTOP)
         try:
@@ -134,11 +106,11 @@ def test_a_request_whose_reading_outlasted_its_timeout_is_late_by_the_clock(serv
     began reading the request (a lower bound of the apiserver's) is past the timeout it sent."""
     server = server_factory(workers=1)
     whole = request_bytes("/validate?timeout=1s", review_with_uid("read-past-its-timeout"))
-    with connect(server) as conn:
+    with tls_connection(server) as conn:
         conn.sendall(whole[:200])
         time.sleep(1.5)  # within the 5 s client read deadline, past the 1 s timeout
         conn.sendall(whole[200:])
-        status, _ = read_answer(conn, timeout=10)
+        status, _, _ = read_answer(conn, timeout=10)
         assert status == 200
         conn.sendall(request_bytes("/validate?timeout=1s", review_with_uid("on-time")))
         assert read_answer(conn, timeout=10)[0] == 200
