@@ -15,7 +15,7 @@ import signal
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
@@ -48,8 +48,12 @@ def records_of(server: RunningServer, uid: str, timeout: float = 15.0) -> list[d
         time.sleep(0.1)
 
 
-def late_answers(server: RunningServer) -> dict[str, float]:
-    """``csinode_guard_late_answers_total`` by endpoint, from the guard's /metrics."""
+class _ServesMetrics(Protocol):
+    metrics_port: int
+
+
+def late_answers(server: _ServesMetrics) -> dict[str, float]:
+    """``csinode_guard_late_answers_total`` by endpoint, from the /metrics of a guard (a served one or a cluster's)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=10).read().decode()
     out = {}
     for line in text.splitlines():

@@ -10,23 +10,14 @@ count) and ``csinode_guard_late_answers_total`` counts it.
 from __future__ import annotations
 
 import time
-import urllib.request
 from datetime import UTC, datetime
 
 from tests.k8s.controlplane import ControlPlane, Guard, counts, unique, wait_until
+from tests.test_late_answers import late_answers
 
 EBS = "ebs.csi.aws.com"
 M6I_LARGE = {"node.kubernetes.io/instance-type": "m6i.large"}
 
-
-def _late_answers(guard: Guard) -> dict[str, float]:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{guard.metrics_port}/metrics", timeout=10).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("csinode_guard_late_answers_total{"):
-            labels, value = line.rsplit(" ", 1)
-            out[labels.split('endpoint="', 1)[1].split('"', 1)[0]] = float(value)
-    return out
 
 
 def test_an_increase_answered_after_the_apiservers_timeout_is_recorded_late(
@@ -57,5 +48,5 @@ def test_an_increase_answered_after_the_apiservers_timeout_is_recorded_late(
     assert {r["lateReason"] for r in records} <= {"client-closed", "deadline"}, records
     assert any(r["new"] == 21 for r in records), records  # the increase the apiserver had already refused
     endpoints = {str(r["endpoint"]) for r in records}
-    wait_until(lambda: all(_late_answers(guard).get(e, 0) >= 1 for e in endpoints), timeout=10,
+    wait_until(lambda: all(late_answers(guard).get(e, 0) >= 1 for e in endpoints), timeout=10,
                what="csinode_guard_late_answers_total counts them")
