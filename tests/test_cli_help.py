@@ -19,8 +19,11 @@ RST_MARKUP = re.compile(r"``|:(?:mod|func|class|meth|data|attr|ref):`")
 def _command_paths(command: click.Command, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     paths = [path]
     if isinstance(command, click.Group):
-        for name in sorted(command.commands):
-            paths += _command_paths(command.commands[name], (*path, name))
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            assert sub is not None, name
+            paths += _command_paths(sub, (*path, name))
     return paths
 
 

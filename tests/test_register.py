@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 import yaml
 
@@ -317,8 +318,11 @@ def test_the_runbook_uses_only_options_the_commands_have() -> None:
     for command, rest in re.findall(r"csinode-guard (register|unregister|restore)\b([^`\n#]*)", text):
         used.setdefault(command, set()).update(re.findall(r"(--[a-z][a-z-]*)", rest))
     assert set(used) == {"register", "unregister", "restore"}
+    ctx = click.Context(main)
     for command, options in used.items():
-        known = {opt for param in main.commands[command].params for opt in param.opts}
+        found = main.get_command(ctx, command)
+        assert found is not None, command
+        known = {opt for param in found.params for opt in param.opts}
         assert options <= known, (command, options - known)
 
 

@@ -1,13 +1,62 @@
-"""The ``csinode-guard`` command line: a click group; each subcommand lives in ``webhook.commands``."""
+"""The ``csinode-guard`` command line: a click group; each subcommand lives in ``webhook.commands``.
+
+A subcommand's module is imported when the subcommand runs (or a help page lists it), not at start: ``register``
+does not pay for the server, nor ``serve`` for the file tools (click's documented lazy-loading group).
+"""
 
 from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
 
 import click
 
 from webhook import __version__
 
+COMMANDS: Mapping[str, str] = {
+    "serve": "webhook.commands.serve:serve",
+    "evaluate": "webhook.commands.evaluate:evaluate_command",
+    "certs": "webhook.commands.certs:certs",
+    "policy": "webhook.commands.policy:policy",
+    "replay": "webhook.commands.replay:replay_command",
+    "audit": "webhook.commands.audit:audit",
+    "register": "webhook.commands.register:register",
+    "unregister": "webhook.commands.register:unregister",
+    "restore": "webhook.commands.restore:restore",
+    "preflight": "webhook.commands.preflight:preflight",
+    "status": "webhook.commands.status:status",
+}
+"""``csinode-guard``'s subcommands: name -> ``module:attribute`` of the click command."""
+PLUGIN_COMMANDS = ("status", "preflight", "restore")
+"""The subcommands the kubectl plugin offers."""
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+
+class LazyGroup(click.Group):
+    """A click group whose subcommands, given as ``name -> "module:attribute"``, are imported on first use."""
+
+    def __init__(self, *args: Any, lazy: Mapping[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy)
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Every subcommand's name, sorted (click's help lists them in this order)."""
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        """The subcommand ``cmd_name`` (its module imported now), or None when there is none."""
+        target = self.lazy.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module, _, attribute = target.partition(":")
+        command = getattr(importlib.import_module(module), attribute)
+        if not isinstance(command, click.Command):  # pragma: no cover - COMMANDS names click commands
+            raise TypeError(f"{target} is not a click command")
+        return command
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="csinode-guard")
 def main() -> None:
     """csinode-guard: guards writes to CSINode.spec.drivers[].allocatable.count (KEP-4876).
@@ -17,7 +66,8 @@ def main() -> None:
     """
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.group(cls=LazyGroup, lazy={name: COMMANDS[name] for name in PLUGIN_COMMANDS},
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="kubectl csinode-guard")
 def kubectl_plugin() -> None:
     """csinode-guard as a kubectl plugin: the commands an operator runs next to kubectl.
@@ -32,35 +82,3 @@ def kubectl_plugin() -> None:
 def kubectl_plugin_main() -> None:
     """The ``kubectl-csinode_guard`` console script: :func:`kubectl_plugin`, named as kubectl shows it."""
     kubectl_plugin(prog_name="kubectl csinode-guard")
-
-
-def _register_commands() -> None:
-    from webhook.commands import (  # noqa: PLC0415
-        audit,
-        certs,
-        evaluate,
-        policy,
-        preflight,
-        register,
-        replay,
-        restore,
-        serve,
-        status,
-    )
-
-    main.add_command(serve.serve)
-    main.add_command(evaluate.evaluate_command)
-    main.add_command(certs.certs)
-    main.add_command(policy.policy)
-    main.add_command(replay.replay_command)
-    main.add_command(audit.audit)
-    main.add_command(register.register)
-    main.add_command(register.unregister)
-    main.add_command(restore.restore)
-    main.add_command(preflight.preflight)
-    main.add_command(status.status)
-    for command in (status.status, preflight.preflight, restore.restore):
-        kubectl_plugin.add_command(command)
-
-
-_register_commands()
