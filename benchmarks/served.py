@@ -20,7 +20,6 @@ import math
 import os
 import shutil
 import signal
-import socket
 import ssl
 import statistics
 import subprocess
@@ -35,18 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.reviews import realistic_reviews
+from tests.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 LUA = HERE / "post.lua"
 DNS = "localhost"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -107,7 +100,7 @@ def start_server(*, workers: int = 2, threads: int = 8, connection_max_age: floa
 
     ``extra``: more ``serve`` arguments."""
     workdir = Path(tempfile.mkdtemp(prefix="csinode-guard-bench-"))
-    port = _free_port()
+    port = free_port()
     audit = audit_log or str(workdir / "audit.log")
     cmd = [
         sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(port),

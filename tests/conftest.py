@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,10 @@ import pytest
 import urllib3
 
 from tests.apiserver import FakeApiServer
+from tests.ports import free_port
 
 SERVICE_DNS = "csinode-guard.csinode-guard.svc"
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -149,6 +141,9 @@ def server_factory(tmp_path: Path) -> Iterator[Any]:
 
     yield factory
     for server in started:
+        # The test is over: close its keep-alive connection first, else the stopping worker keeps it open for
+        # gunicorn's 2 s linger (so that a request arriving meanwhile is still answered).
+        server.pool.close()
         server.stop()
 
 

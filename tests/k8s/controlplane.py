@@ -18,10 +18,10 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -29,6 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tests.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED_K8S = REPO.parent / "shared" / "k8s"
@@ -90,14 +92,6 @@ def kubectl_binary() -> str:
     if not found:
         raise ControlPlaneUnavailable("no kubectl on PATH")
     return found
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def unique(prefix: str) -> str:
@@ -574,8 +568,11 @@ class Guard:
         self.stop()
         raise RuntimeError(f"serve not ready within {timeout}s: {self.log.read_text()[-3000:]}")
 
-    def stop(self) -> None:
-        """SIGTERM the process group (SIGCONT first if paused), SIGKILL after 20 s."""
+    def stop(self, wait: bool = True) -> None:
+        """SIGTERM the process group (SIGCONT first if paused), SIGKILL after 20 s. Without ``wait``, return at
+        once and let a background thread finish the shutdown (a test's teardown: gunicorn keeps the apiserver's
+        idle keep-alive connections open for 2 s after SIGTERM, so that a request arriving meanwhile is still
+        answered; nothing after the test needs to wait for that)."""
         if self.process is None or self.process.poll() is not None:
             return
         pgid = self.process.pid
@@ -584,12 +581,10 @@ class Guard:
                 os.killpg(pgid, signal.SIGCONT)
                 self.paused = False
             os.killpg(pgid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+        if wait:
+            _reap(self.process, pgid)
+        else:
+            threading.Thread(target=_reap, args=(self.process, pgid), name=f"reap-{pgid}", daemon=True).start()
 
     def pause(self) -> None:
         """SIGSTOP the whole process group: connections are accepted by the kernel, nothing answers."""
@@ -656,7 +651,7 @@ class Guard:
             if self.registered or self.webhook_configurations_exist():
                 self.unregister(check=False)
         finally:
-            self.stop()
+            self.stop(wait=False)
 
     def webhook_configurations_exist(self) -> bool:
         """Whether either configuration named :attr:`name` is stored."""
@@ -664,6 +659,16 @@ class Guard:
             if self.control_plane.kubectl("get", kind, self.name, check=False).returncode == 0:
                 return True
         return False
+
+
+def _reap(process: subprocess.Popen[bytes], pgid: int) -> None:
+    """Wait for a SIGTERMed guard to exit; SIGKILL its process group after 20 s."""
+    try:
+        process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGKILL)
+        process.wait(timeout=10)
 
 
 @contextlib.contextmanager
