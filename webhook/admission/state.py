@@ -240,10 +240,14 @@ def _opt_time(value: datetime | None) -> str | None:
     return format_time(value) if value is not None else None
 
 
+_VERSION_TAIL = b',"v":' + str(FORMAT_VERSION).encode("ascii") + b"}"
+"""How every canonical state document ends (``v`` sorts last)."""
+
+
 def encode_state(state: GuardState, keys: StateKeys) -> str:
     """Serialize and sign ``state``; the result is the annotation value (deterministic for equal states)."""
     drivers: dict[str, Any] = {}
-    for name, e in sorted(state.entries.items()):
+    for name, e in state.entries.items():  # in any order: the canonical form sorts every object's keys
         entry: dict[str, Any] = {
             "count": e.count,
             "changedAt": format_time(e.changed_at),
@@ -288,7 +292,7 @@ def encode_state(state: GuardState, keys: StateKeys) -> str:
     signature = keys.sign(payload)
     # Keys sorted: "sig" goes right before the last two, "uid" (a string) and "v". Splicing it in gives the bytes
     # _canonical(doc + sig) would give, without encoding the document twice.
-    tail = b',"uid":' + _canonical(state.uid) + b',"v":' + str(FORMAT_VERSION).encode("ascii") + b"}"
+    tail = b',"uid":' + _canonical(state.uid) + _VERSION_TAIL
     head = payload[: -len(tail)]
     return (head + b',"sig":"' + signature.encode("ascii") + b'"' + tail).decode("ascii")
 

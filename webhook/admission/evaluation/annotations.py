@@ -80,6 +80,9 @@ def read_annotations(
 ) -> Declarations:
     """Read the justification and version annotations of ``new`` (against ``old``) on top of the state's
     ``approvals`` and ``declared`` versions; ``never_refused`` is the write's kind (:class:`.classify.Write`)."""
+    if not approvals and not declared and _unchanged(old, new, JUSTIFICATION_ANNOTATION, *policy.version_annotations):
+        # Nothing recorded and nothing declared (kubelet's periodic writes): there is nothing to read.
+        return Declarations((), {}, 0, {}, False, (), (), ())
     recorded = list(approvals)
     violations: list[Violation] = []
     restore: list[str] = []
@@ -102,6 +105,12 @@ def read_annotations(
         restore=tuple(restore),
         notes=tuple(notes),
     )
+
+
+def _unchanged(old: CSINode, new: CSINode, *annotations: str) -> bool:
+    """True when ``new`` has each of ``annotations`` as ``old`` has it (both without it included)."""
+    before, after = old.annotations, new.annotations
+    return all(after.get(a) == before.get(a) for a in annotations)
 
 
 def _justifications(

@@ -4,6 +4,7 @@ rule that found nothing, and the note on a large decrease backed by no capacity 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from webhook.admission.cluster import AttachError, AttachErrorClass
@@ -16,7 +17,7 @@ from webhook.admission.rules.change_rate import RULE_ID as CHANGE_RATE
 from webhook.admission.rules.change_rate import min_interval
 from webhook.admission.rules.writer_identity import RULE_ID as WRITER_IDENTITY
 from webhook.admission.state import STATE_ANNOTATION, Approval
-from webhook.admission.versions import is_valid_version
+from webhook.admission.versions import MAX_VERSION_LENGTH, is_valid_version
 
 MAX_MESSAGE_LINES = 20
 """Violations a denial's message lists (one line each); more are counted in a last line. The audit record of
@@ -50,8 +51,7 @@ def pass_reason(rule: str, ctx: RuleContext) -> str:
     if rule == "writer-version":
         return version_pass_reason(ctx)
     if rule == "count-ceiling":
-        ceiling, why = ctx.ceiling
-        return f"within the ceiling {format_count(ceiling)} {('(' + why + ')') if why else ''}".rstrip()
+        return _ceiling_reason(*ctx.ceiling)
     if rule == CHANGE_RATE:
         if ctx.change.registration:
             return "registrations are exempt"
@@ -60,8 +60,9 @@ def pass_reason(rule: str, ctx: RuleContext) -> str:
         if ctx.entry is None:
             return "no earlier change recorded"
         elapsed = (ctx.now - ctx.entry.changed_at).total_seconds()
-        reason = f"{elapsed:.0f}s since the last accepted change (minimum {min_interval(ctx):.0f}s)"
-        approval = ctx.justification_for() if elapsed < min_interval(ctx) else None
+        minimum = min_interval(ctx)
+        reason = f"{elapsed:.0f}s since the last accepted change (minimum {minimum:.0f}s)"
+        approval = ctx.justification_for() if elapsed < minimum else None
         if approval is not None:  # change_rate.check lets a justified increase through at any pace
             reason += f"; the minimum is lifted by {approval_text(approval)}"
         return reason
@@ -80,17 +81,34 @@ def approval_text(approval: Approval) -> str:
 def version_pass_reason(ctx: RuleContext) -> str:
     """Why writer-version found nothing: the version and its source, and when the version is unknown or cannot
     be compared (not a semantic version), that onUnknown let it through (or that the change is a decrease)."""
-    version, source = ctx.driver_version, ctx.driver_policy.version_source.type
-    compared_with = ctx.driver_policy.min_version or (ctx.entry.writer_version if ctx.entry else None)
-    if version is not None and (compared_with is None or is_valid_version(version)):
+    dp, change = ctx.driver_policy, ctx.change
+    version = ctx.driver_version
+    compared = bool(dp.min_version or (ctx.entry.writer_version if ctx.entry else None))
+    # Only version strings short enough to be versions are remembered (bounded in count and bytes).
+    reason = _version_reason if version is None or len(version) <= MAX_VERSION_LENGTH else _version_reason.__wrapped__
+    return reason(version, dp.version_source.type, compared, change.is_first_registration, change.is_increase,
+                  dp.rules.version_on_unknown)
+
+
+@functools.lru_cache(maxsize=256)
+def _ceiling_reason(ceiling: int | None, why: str) -> str:
+    """The count-ceiling pass: remembered, as every write of a driver on a node type reads the same."""
+    return f"within the ceiling {format_count(ceiling)} {('(' + why + ')') if why else ''}".rstrip()
+
+
+@functools.lru_cache(maxsize=256)
+def _version_reason(version: str | None, source: str, compared: bool, first_registration: bool, increase: bool,
+                    on_unknown: str) -> str:
+    """The writer-version pass (:func:`version_pass_reason`): remembered per version and what it depends on."""
+    if version is not None and (not compared or is_valid_version(version)):
         return f"driver version {version} ({source} source)"
     what = (f"driver version unknown ({source} source)" if version is None
             else f"driver version {version} ({source} source) cannot be compared: not a semantic version")
-    if ctx.change.is_first_registration:
+    if first_registration:
         return f"{what}; a first registration is not held back by onUnknown"
-    if not ctx.change.is_increase:
+    if not increase:
         return f"{what}; decreases are not held back by onUnknown"
-    return f"{what}; writer-version.onUnknown: {ctx.driver_policy.rules.version_on_unknown} applied"
+    return f"{what}; writer-version.onUnknown: {on_unknown} applied"
 
 
 def capacity_note(change: CountChange, errors: Sequence[AttachError] | None, fraction: float) -> Note | None:
