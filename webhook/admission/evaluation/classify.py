@@ -162,15 +162,18 @@ def classify(
     declarations = read_annotations(request, policy, now, old, new, never_refused,
                                     state.approvals if state is not None else (),
                                     state.declared if state is not None else {})
+    # Positional, in the order of Write's fields: a NamedTuple built from 25 keywords costs some 4 µs per write.
     return Write(
-        request=request, policy=policy, now=now, mode=mode, old=old, new=new, node=node, create=create, uid=uid,
-        writer=writer, exempt=policy.exemptions.contains(request.username, request.groups), labels=labels,
-        scope_key=key, scope_matched=matched, scope_pinned=pinned, in_scope=matched or pinned, decoded=decoded,
-        # The next state's sequence: past the stored one and past the newest any replica saw for the object.
-        base_sequence=max(state.sequence if state is not None else 0, newest or 0),
-        entries=entries, changes=changes.judged, never_refused=never_refused,
-        soft_drivers=frozenset(changes.soft), stored_before=changes.stored_before, notes=tuple(changes.notes),
-        declarations=declarations,
+        request, policy, now, mode, old, new, node, create, uid, writer,
+        policy.exemptions.contains(request.username, request.groups),  # exempt
+        labels,
+        key, matched, pinned, matched or pinned,  # scope_key, scope_matched, scope_pinned, in_scope
+        decoded,
+        # base_sequence: past the stored one and past the newest any replica saw for the object.
+        max(state.sequence if state is not None else 0, newest or 0),
+        entries, changes.judged, never_refused,
+        frozenset(changes.soft), changes.stored_before, tuple(changes.notes),  # soft_drivers, stored_before, notes
+        declarations,
     )
 
 

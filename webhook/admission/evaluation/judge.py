@@ -111,19 +111,14 @@ def _context(write: Write, cluster: ClusterView, change: CountChange) -> tuple[R
     approvals = write.declarations.by_driver.get(change.driver, ())
     pinned = pin_ceiling(dp.ceiling, write.labels, entry.pinned if entry else None, approvals,
                          driver=change.driver, count=change.new, now=now)
-    ctx = RuleContext(
-        change=change,
-        policy=policy,
-        driver_policy=dp,
-        writer=write.writer,
-        entry=entry,
-        approvals=approvals,
-        driver_version=driver_version(dp, write.declarations.declared, cluster, node, change.driver),
-        node_labels=write.labels,
-        attach_errors=errors,
-        update_period=cluster.driver_update_period(change.driver),
-        now=now,
-        resolved_ceiling=(pinned.ceiling, pinned.why),
+    ctx = RuleContext(  # positional, in the order of its fields (keywords cost about 1 µs per change)
+        change, policy, dp, write.writer, entry, approvals,
+        driver_version(dp, write.declarations.declared, cluster, node, change.driver),
+        write.labels,  # node_labels
+        errors,  # attach_errors
+        cluster.driver_update_period(change.driver),  # update_period
+        now,
+        (pinned.ceiling, pinned.why),  # resolved_ceiling
     )
     return ctx, pinned.pin
 
