@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 WARMUP_ROUNDS = 5
 REVIEWS = 10
 
+# The loop of benchmarks.core.run_core, written out rather than imported: it must run unchanged in an older
+# checkout, whose benchmarks package may not have any helper added after it.
 _WORKER = """
 import gc, sys
 from benchmarks.reviews import BENCH_KEY, NOW, realistic_reviews

@@ -108,7 +108,7 @@ def read_annotations(
 
 
 def _unchanged(old: CSINode, new: CSINode, *annotations: str) -> bool:
-    """True when ``new`` has each of ``annotations`` as ``old`` has it (both without it included)."""
+    """True when each of ``annotations`` has the same value on ``new`` as on ``old`` (absent from both counts)."""
     before, after = old.annotations, new.annotations
     return all(after.get(a) == before.get(a) for a in annotations)
 
