@@ -47,8 +47,12 @@ def register(cert_dir: Path, kubeconfig: str, *extra: str) -> subprocess.Complet
     return run_cli("register", "--cert-dir", str(cert_dir), "--kubeconfig", kubeconfig, *extra, cwd=cert_dir.parent)
 
 
-def expected(cert_dir: Path, bundle_file: str = "ca-bundle.crt", **target: Any) -> list[dict[str, Any]]:
-    return build_webhook_configurations(WebhookTarget(ca_bundle=(cert_dir / bundle_file).read_bytes(), **target))
+def expected(cert_dir: Path, bundle_file: str = "ca-bundle.crt", validation: str = "cel",
+             **target: Any) -> list[dict[str, Any]]:
+    """What register builds; ``validation`` ``cel`` is what its default (auto) chooses on a cluster where no
+    other mutator matches CSINodes, as on this test's apiserver."""
+    return build_webhook_configurations(WebhookTarget(ca_bundle=(cert_dir / bundle_file).read_bytes(), **target),
+                                        validation=validation)
 
 
 def stored(apiserver: FakeApiServer) -> list[dict[str, Any]]:
@@ -78,6 +82,7 @@ def test_register_creates_both_configurations_with_the_cert_dirs_bundle(
     assert f"{MUTATING}/{NAME} created" in result.stdout
     assert f"{VALIDATING}/{NAME} created" in result.stdout
     assert f"caBundle: 1 certificate(s) from {cert_dir / 'ca-bundle.crt'}" in result.stdout
+    assert "validation cel: auto: no other mutating webhook or policy matches CSINodes, so one call" in result.stdout
     objects = stored(apiserver)
     for got, want in zip(objects, expected(cert_dir), strict=True):
         assert got["kind"] == want["kind"]
@@ -85,6 +90,8 @@ def test_register_creates_both_configurations_with_the_cert_dirs_bundle(
         assert got["metadata"]["labels"] == want["metadata"]["labels"]
         assert ca_bundle(got) == (cert_dir / "ca-bundle.crt").read_bytes()
     assert writes(apiserver) == [("POST", MUTATING, None), ("POST", VALIDATING, None)]
+    listed = [r for r in apiserver.requests if r.method == "GET" and r.resource == MUTATING and r.name is None]
+    assert listed, "auto lists the other mutating webhook configurations before it chooses"
     posts = [r for r in apiserver.requests if r.method == "POST"]
     assert {r.query.get("fieldManager") for r in posts} == {"csinode-guard"}
     assert {r.headers["user-agent"].split("/")[0] for r in apiserver.requests} == {"csinode-guard"}
@@ -121,6 +128,42 @@ def test_a_second_register_updates_both_in_place_with_their_resource_version(
     assert second[0]["metadata"]["annotations"] == {"a": "b"}
 
 
+OTHER_MUTATOR: dict[str, Any] = {
+    "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+    "metadata": {"name": "sidecar-injector"},
+    "webhooks": [{"name": "everything.example.com", "sideEffects": "None", "admissionReviewVersions": ["v1"],
+                  "clientConfig": {"url": "https://example.com/"},
+                  "rules": [{"apiGroups": ["*"], "apiVersions": ["*"], "operations": ["*"], "resources": ["*"]}]}],
+}
+
+
+def test_register_takes_two_calls_when_another_mutating_webhook_matches_csinodes(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    apiserver.create(MUTATING, OTHER_MUTATOR)
+
+    result = register(cert_dir, kubeconfig)
+
+    assert result.returncode == 0, result.stderr
+    assert ("validation webhook: auto: another mutator can rewrite CSINodes "
+            "(sidecar-injector/everything.example.com), so two calls") in result.stdout
+    assert stored(apiserver)[1]["webhooks"] == expected(cert_dir, validation="webhook")[1]["webhooks"]
+
+
+@pytest.mark.parametrize("mode", ["webhook", "cel"])
+def test_register_validation_override_is_kept_whatever_else_is_installed(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path, mode: str
+) -> None:
+    if mode == "cel":
+        apiserver.create(MUTATING, OTHER_MUTATOR)
+
+    result = register(cert_dir, kubeconfig, "--validation", mode)
+
+    assert result.returncode == 0, result.stderr
+    assert f"validation {mode}: --validation {mode} (override)" in result.stdout
+    assert stored(apiserver)[1]["webhooks"] == expected(cert_dir, validation=mode)[1]["webhooks"]
+
+
 def test_register_retries_when_the_configuration_changed_between_get_and_put(
     apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
 ) -> None:
@@ -131,7 +174,8 @@ def test_register_retries_when_the_configuration_changed_between_get_and_put(
     result = register(cert_dir, kubeconfig)
 
     assert result.returncode == 0, result.stderr
-    assert [(r.method, r.resource) for r in apiserver.requests if r.resource == MUTATING] == [
+    on_the_object = [(r.method, r.resource) for r in apiserver.requests if r.resource == MUTATING and r.name]
+    assert on_the_object == [
         ("GET", MUTATING),
         ("PUT", MUTATING),
         ("GET", MUTATING),
@@ -157,8 +201,9 @@ def test_register_dry_run_prints_the_yaml_and_contacts_no_cluster(apiserver: Fak
 
     assert result.returncode == 0, result.stderr
     assert list(yaml.safe_load_all(result.stdout)) == expected(
-        cert_dir, service_name="guard", service_namespace="kube-system"
+        cert_dir, validation="webhook", service_name="guard", service_namespace="kube-system"
     )
+    assert "# validation webhook: auto: --dry-run lists no other mutating webhooks" in result.stderr
     assert apiserver.requests == []
     assert apiserver.list(MUTATING) == [] and apiserver.list(VALIDATING) == []
 

@@ -257,6 +257,9 @@ def test_the_guard_can_only_read_what_its_cluster_view_needs_and_write_what_its_
         # its Lease (leader election) and its Events about CSINodes (which must live in default)
         | {(NAMESPACE, "coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
         | {("default", "events.k8s.io", "events", "create")}
+        # one call or two (serve --validation auto): which other mutators match CSINodes, read only
+        | {("*", "admissionregistration.k8s.io", kind, "list")
+           for kind in ("mutatingwebhookconfigurations", "mutatingadmissionpolicies")}
     )
     assert _grants(rendered["base"]) == expected
 

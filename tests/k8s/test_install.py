@@ -110,7 +110,8 @@ def _apply_webhooks_pointing_at(cp: ControlPlane, webhooks: list[dict[str, Any]]
 
 
 @contextlib.contextmanager
-def _guards(cp: ControlPlane, root: Path, count: int, ports: list[int] | None = None) -> Iterator[list[Any]]:
+def _guards(cp: ControlPlane, root: Path, count: int, ports: list[int] | None = None,
+            extra_args: tuple[str, ...] = ()) -> Iterator[list[Any]]:
     """``count`` guards started at the same moment as the ServiceAccount, each with an empty directory."""
     kubeconfig = cp.user_kubeconfig(SERVICE_ACCOUNT)
     env = {k: v for k, v in os.environ.items() if k not in {"PROMETHEUS_MULTIPROC_DIR", "KUBECONFIG"}}
@@ -126,6 +127,7 @@ def _guards(cp: ControlPlane, root: Path, count: int, ports: list[int] | None = 
                 "--state-key-file", str(work / "state-key" / "key"), "--kubeconfig", str(kubeconfig),
                 "--tls-secret", TLS_SECRET, "--state-key-secret", STATE_KEY_SECRET, "--inject-ca-bundle", NAME,
                 "--namespace", NAMESPACE, "--audit-log", str(work / "decisions.log"), "--workers", "1",
+                *extra_args,
             ]
             with (work / "serve.log").open("ab") as log:
                 process = subprocess.Popen(cmd, stdout=log, stderr=log, env=env, cwd=work, start_new_session=True)
@@ -242,3 +244,54 @@ def test_a_serving_certificate_close_to_expiry_is_renewed_from_the_same_ca(
         assert guard.served_certificate(old["ca.crt"]) == renewed.public_bytes(encoding=Encoding.DER)
         assert "renewed the serving certificate" in guard.log(None)
 
+
+
+def _validating_conditions(cp: ControlPlane) -> list[list[str]]:
+    configuration = cp.kubectl_json("get", "validatingwebhookconfiguration", NAME)
+    return [[c["name"] for c in w.get("matchConditions") or []] for w in configuration["webhooks"]]
+
+
+def test_the_guard_keeps_one_call_while_no_other_mutator_matches_csinodes_and_two_while_one_does(
+    control_plane: ControlPlane, installed_rbac: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    """deploy/'s default (``serve --validation auto``) with deploy/'s RBAC: the keeper puts the one-call
+    matchCondition on both validating entries at start, removes it within one pass of another
+    MutatingWebhookConfiguration that matches CSINodes appearing (and says so in its log and metric), and puts it
+    back when that one goes. The other webhook's own matchCondition is ``false``: the apiserver never calls it
+    (it only has to exist), so the rest of this worker's tests are not slowed by it."""
+    from webhook.kube.one_call import NOT_DECIDED_CONDITION_NAME  # noqa: PLC0415
+
+    cp = control_plane
+    port = free_port()
+    _apply_webhooks_pointing_at(cp, installed_rbac, port)
+    assert all(NOT_DECIDED_CONDITION_NAME not in names for names in _validating_conditions(cp)), "deploy/ ships two"
+    other = {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": unique("other-mutator")},
+        "webhooks": [{
+            "name": "rewrites.csinodes.example.com", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "failurePolicy": "Ignore", "clientConfig": {"url": "https://127.0.0.1:9/mutate"},
+            "rules": [{"apiGroups": ["storage.k8s.io"], "apiVersions": ["v1"], "operations": ["UPDATE"],
+                       "resources": ["csinodes"]}],
+            "matchConditions": [{"name": "never", "expression": "false"}],
+        }],
+    }
+    with _guards(cp, tmp_path, 1, [port], ("--cluster-sync-interval", "1")) as (guard,):
+        _wait_ready(guard, cp)
+        wait_until(lambda: all(NOT_DECIDED_CONDITION_NAME in n for n in _validating_conditions(cp)), timeout=60,
+                   what="one call at start: no other mutator")
+        cp.kubectl("apply", "-f", "-", input=json.dumps(other))
+        try:
+            wait_until(lambda: all(NOT_DECIDED_CONDITION_NAME not in n for n in _validating_conditions(cp)),
+                       timeout=60, what="two calls once another mutator matches CSINodes")
+            assert f"{other['metadata']['name']}/rewrites.csinodes.example.com" in guard.log(None)
+            assert "switched validatingwebhookconfigurations/csinode-guard from cel to webhook" in guard.log(None)
+        finally:
+            cp.kubectl("delete", "mutatingwebhookconfiguration", other["metadata"]["name"], "--ignore-not-found")
+        wait_until(lambda: all(NOT_DECIDED_CONDITION_NAME in n for n in _validating_conditions(cp)), timeout=60,
+                   what="one call again once it is gone")
+        # The caBundle and every other condition are as the keeper found them: only the one condition moves.
+        shipped = next(c for c in installed_rbac if c["kind"] == "ValidatingWebhookConfiguration")
+        assert [n[:-1] for n in _validating_conditions(cp)] == [
+            [c["name"] for c in w["matchConditions"]] for w in shipped["webhooks"]
+        ]

@@ -20,7 +20,7 @@ from cryptography import x509
 
 from webhook.commands.options import api_failure, cluster_options, connect
 from webhook.kube import kubeapi
-from webhook.kube.one_call import VALIDATION_MODES, VALIDATION_WEBHOOK
+from webhook.kube.one_call import CHOSEN_MODES, VALIDATION_AUTO, choose_validation
 from webhook.kube.registration import (
     CONFIGURATION_NAME,
     MUTATE_PATH,
@@ -32,6 +32,7 @@ from webhook.kube.registration import (
     build_webhook_configurations,
     dump_yaml,
 )
+from webhook.kube.validation_mode import list_csinode_mutators
 
 FIELD_MANAGER = "csinode-guard"
 CA_BUNDLE_FILES = ("ca-bundle.crt", "ca.crt")
@@ -162,12 +163,13 @@ def apply_configuration(client: kubeapi.KubeClient, obj: Mapping[str, Any]) -> s
 @click.option("--name", default=CONFIGURATION_NAME, show_default=True, help="Name of both configurations.")
 @click.option(
     "--validation",
-    type=click.Choice(VALIDATION_MODES),
-    default=VALIDATION_WEBHOOK,
+    type=click.Choice(CHOSEN_MODES),
+    default=VALIDATION_AUTO,
     show_default=True,
-    help="webhook: every write the validating entries match is sent to /validate (two calls). cel: the "
-    "apiserver sends it only where the final counts are not the ones the state /mutate wrote records (one call "
-    "for a kubelet write; see docs/registration.md, One call).",
+    help="auto: cel when no other mutating webhook or MutatingAdmissionPolicy matches CSINodes, else webhook "
+    "(with --dry-run, which lists nothing: webhook). webhook: every write the validating entries match is sent "
+    "to /validate (two calls). cel: the apiserver sends it only where the final counts are not the ones the "
+    "state /mutate wrote records (one call for a kubelet write; see docs/registration.md, One call).",
 )
 @click.option("--dry-run", is_flag=True, help="Print the YAML that would be applied; contact no cluster.")
 @cluster_options
@@ -212,16 +214,23 @@ def register(
         ca_bundle=pem,
         url=url,
     )
-    objects = build_webhook_configurations(target, name=name, validation=validation)
     described = _describe_ca(path, certificates, datetime.now(UTC))
     if dry_run:
-        for line in described:
+        mode, reason = choose_validation(validation, None if validation == VALIDATION_AUTO else ())
+        if validation == VALIDATION_AUTO:
+            reason = "auto: --dry-run lists no other mutating webhooks, so two calls (the safe choice)"
+        objects = build_webhook_configurations(target, name=name, validation=mode)
+        for line in [*described, f"validation {mode}: {reason}"]:
             click.echo(f"# {line}", err=True)
         click.echo(dump_yaml(objects), nl=False)
         return
     for line in described:
         click.echo(line)
     with connect(kubeconfig, context) as client:
+        mutators = list_csinode_mutators(client, name) if validation == VALIDATION_AUTO else ()
+        mode, reason = choose_validation(validation, mutators)
+        click.echo(f"validation {mode}: {reason}")
+        objects = build_webhook_configurations(target, name=name, validation=mode)
         for obj in objects:
             resource = kubeapi.RESOURCES_BY_KIND[str(obj["kind"])]
             what = resource.describe(name)

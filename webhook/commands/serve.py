@@ -70,6 +70,14 @@ def _env(name: str) -> str:
 @click.option("--inject-ca-bundle", envvar=_env("INJECT_CA_BUNDLE"), metavar="NAME",
               help="Keep caBundle of the Mutating- and ValidatingWebhookConfiguration NAME on the --tls-secret "
               "CA (deploy/: csinode-guard).")
+@click.option("--cluster-sync-interval", default=30.0, show_default=True, type=click.FloatRange(0.1),
+              envvar=_env("CLUSTER_SYNC_INTERVAL"),
+              help="Seconds between two checks of the --tls-secret, the caBundle and the validation mode.")
+@click.option("--validation", type=click.Choice(("auto", "webhook", "cel")), default="auto", show_default=True,
+              envvar=_env("VALIDATION"),
+              help="With --inject-ca-bundle: keep the ValidatingWebhookConfiguration in one-call mode (cel) unless "
+              "another mutating webhook or MutatingAdmissionPolicy matches CSINodes (auto, re-checked every 30 s), "
+              "or always in webhook (two calls) or cel (docs/registration.md, One call).")
 @click.option("--namespace", envvar=["CSINODE_GUARD_NAMESPACE", "POD_NAMESPACE"],
               help="Namespace of those Secrets (default: the pod's own, else csinode-guard).")
 @click.option("--audit/--no-audit", "audit_enabled", default=True, show_default=True, envvar=_env("AUDIT"),
@@ -122,6 +130,8 @@ def serve(**kwargs: Any) -> None:
         tls_secret=kwargs["tls_secret"] or None,
         state_key_secret=kwargs["state_key_secret"] or None,
         inject_ca_bundle=kwargs["inject_ca_bundle"] or None,
+        validation=kwargs["validation"],
+        cluster_sync_interval=kwargs["cluster_sync_interval"],
         namespace=kwargs["namespace"] or None,
         audit=AuditSettings(
             enabled=kwargs["audit_enabled"],

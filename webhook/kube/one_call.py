@@ -160,3 +160,74 @@ def decided(operation: str, old: Mapping[str, Any] | None, new: Mapping[str, Any
         if not readable or not re.search(count_pattern(name, count), state[0]):
             return False
     return True
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Choosing the mode: one call wherever no other mutator can rewrite a CSINode after /mutate.
+
+VALIDATION_AUTO: Final = "auto"
+"""``register --validation auto`` (the default) and ``serve --validation auto``: ``cel`` when no other mutating
+webhook or MutatingAdmissionPolicy can match a CSINode write, else ``webhook``; re-checked on every caBundle pass."""
+CHOSEN_MODES: Final = (VALIDATION_AUTO, *VALIDATION_MODES)
+
+_WRITE_OPERATIONS: Final = frozenset({"CREATE", "UPDATE", "*"})
+_CSINODE_RESOURCES: Final = frozenset({"csinodes", "*", "*/*"})
+_CSINODE_GROUPS: Final = frozenset({"storage.k8s.io", "*"})
+
+
+def _rule_matches_csinode_writes(rule: Any) -> bool:
+    """Whether one ``RuleWithOperations`` (admissionregistration.k8s.io/v1) can match a CREATE or UPDATE of
+    ``storage.k8s.io`` ``csinodes``. ``apiVersions`` is not read: under ``matchPolicy: Equivalent`` (the default)
+    a rule for another version of the group still matches; ``scope`` ``Namespaced`` excludes CSINodes (cluster
+    scoped). Anything unreadable counts as a match (the safe reading: it costs a second call, never a judgement)."""
+    if not isinstance(rule, Mapping):
+        return True
+    operations, groups, resources = rule.get("operations"), rule.get("apiGroups"), rule.get("resources")
+    if not (isinstance(operations, list) and isinstance(groups, list) and isinstance(resources, list)):
+        return True
+    if rule.get("scope") == "Namespaced":
+        return False
+    return (bool(_WRITE_OPERATIONS.intersection(operations)) and bool(_CSINODE_GROUPS.intersection(groups))
+            and bool(_CSINODE_RESOURCES.intersection(resources)))
+
+
+def csinode_mutators(configurations: Sequence[Mapping[str, Any]], own_configuration: str,
+                     policies: Sequence[Mapping[str, Any]] = ()) -> tuple[str, ...]:
+    """The other mutators that can rewrite a CSINode on CREATE or UPDATE, as ``configuration/webhook`` names
+    (MutatingWebhookConfigurations, ``webhooks[].rules``) and ``mutatingadmissionpolicy/NAME``
+    (``spec.matchConstraints.resourceRules``), sorted. ``own_configuration`` (the guard's own
+    MutatingWebhookConfiguration) is skipped. objectSelector and matchConditions are not evaluated: a webhook that
+    might match counts (reading them would trust what the objects' writers control)."""
+    found: list[str] = []
+    for configuration in configurations:
+        name = str((configuration.get("metadata") or {}).get("name") or "")
+        if name == own_configuration:
+            continue
+        for webhook in configuration.get("webhooks") or []:
+            rules = webhook.get("rules") if isinstance(webhook, Mapping) else None
+            if not isinstance(rules, list) or any(_rule_matches_csinode_writes(r) for r in rules):
+                found.append(f"{name}/{webhook.get('name') if isinstance(webhook, Mapping) else '?'}")
+    for policy in policies:
+        name = str((policy.get("metadata") or {}).get("name") or "")
+        constraints = (policy.get("spec") or {}).get("matchConstraints")
+        rules = constraints.get("resourceRules") if isinstance(constraints, Mapping) else None
+        if not isinstance(rules, list) or any(_rule_matches_csinode_writes(r) for r in rules):
+            found.append(f"mutatingadmissionpolicy/{name}")
+    return tuple(sorted(found))
+
+
+def choose_validation(requested: str, mutators: Sequence[str] | None) -> tuple[str, str]:
+    """``(mode, reason)`` for ``requested`` (one of :data:`CHOSEN_MODES`). ``auto`` gives ``cel`` when
+    ``mutators`` is empty, ``webhook`` when it names any, and ``webhook`` when it is None (they could not be
+    listed: the safe choice). ``webhook`` and ``cel`` are overrides and are returned as they are. Raises
+    ValueError for another value."""
+    if requested not in CHOSEN_MODES:
+        raise ValueError(f"validation must be one of {', '.join(CHOSEN_MODES)}, not {requested!r}")
+    if requested != VALIDATION_AUTO:
+        return requested, f"--validation {requested} (override)"
+    if mutators is None:
+        return VALIDATION_WEBHOOK, "auto: the other mutating webhooks could not be listed, so two calls"
+    if mutators:
+        shown = ", ".join(mutators[:3]) + (f" and {len(mutators) - 3} more" if len(mutators) > 3 else "")
+        return VALIDATION_WEBHOOK, f"auto: another mutator can rewrite CSINodes ({shown}), so two calls"
+    return VALIDATION_CEL, "auto: no other mutating webhook or policy matches CSINodes, so one call"

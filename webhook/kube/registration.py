@@ -64,7 +64,7 @@ import yaml
 from webhook.admission.justification import JUSTIFICATION_ANNOTATION
 from webhook.admission.policy import DRIVER_VERSIONS_ANNOTATION
 from webhook.admission.state import STATE_ANNOTATION
-from webhook.kube.one_call import NOT_DECIDED_CONDITION, VALIDATION_MODES, VALIDATION_WEBHOOK
+from webhook.kube.one_call import NOT_DECIDED_CONDITION, VALIDATION_CEL, VALIDATION_MODES, VALIDATION_WEBHOOK
 
 CONFIGURATION_NAME: Final = "csinode-guard"
 """``metadata.name`` of both the MutatingWebhookConfiguration and the ValidatingWebhookConfiguration."""
@@ -496,6 +496,46 @@ def build_webhook_configurations(
         build_mutating_webhook_configuration(target, name=name, annotations=annotations),
         build_validating_webhook_configuration(target, name=name, annotations=annotations, validation=validation),
     ]
+
+
+_VALIDATING_ENTRIES: Final = (VALIDATING_WEBHOOK_NAME, VALIDATING_NEVER_REFUSED_NAME)
+
+
+def validation_of(configuration: Mapping[str, Any]) -> str | None:
+    """The mode a stored ValidatingWebhookConfiguration of the guard is in: ``cel`` when both of its entries carry
+    :data:`webhook.kube.one_call.NOT_DECIDED_CONDITION` (by name), ``webhook`` when neither does, None when the
+    entries are missing or disagree."""
+    found = {w.get("name"): any(isinstance(c, Mapping) and c.get("name") == NOT_DECIDED_CONDITION["name"]
+                                for c in w.get("matchConditions") or [])
+             for w in configuration.get("webhooks") or [] if isinstance(w, Mapping)}
+    marks = {found.get(name) for name in _VALIDATING_ENTRIES}
+    if marks == {True}:
+        return VALIDATION_CEL
+    if marks == {False}:
+        return VALIDATION_WEBHOOK
+    return None
+
+
+def with_validation(configuration: Mapping[str, Any], validation: str) -> dict[str, Any] | None:
+    """A copy of the guard's stored ValidatingWebhookConfiguration switched to ``validation`` (``webhook`` or
+    ``cel``): the one-call matchCondition added to (with today's expression) or removed from both validating
+    entries, every other field as stored (caBundle, labels, other conditions). None when it is already so.
+    Raises ValueError for another mode."""
+    if validation not in VALIDATION_MODES:
+        raise ValueError(f"validation must be one of {', '.join(VALIDATION_MODES)}, not {validation!r}")
+    updated = copy.deepcopy(dict(configuration))
+    changed = False
+    for webhook in updated.get("webhooks") or []:
+        if not isinstance(webhook, dict) or webhook.get("name") not in _VALIDATING_ENTRIES:
+            continue
+        conditions = list(webhook.get("matchConditions") or [])
+        ours = NOT_DECIDED_CONDITION["name"]
+        kept = [c for c in conditions if not (isinstance(c, Mapping) and c.get("name") == ours)]
+        wanted = kept + ([dict(NOT_DECIDED_CONDITION)] if validation == VALIDATION_CEL else [])
+        if wanted != conditions:
+            webhook["matchConditions"] = wanted
+            changed = True
+    return updated if changed else None
 
 
 class _LiteralDumper(yaml.SafeDumper):

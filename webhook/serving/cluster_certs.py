@@ -37,9 +37,10 @@ from pathlib import Path
 from typing import Final
 
 from webhook.admission.atomic_files import write_atomic
-from webhook.kube import serving_secrets
+from webhook.kube import serving_secrets, validation_mode
 from webhook.kube.kubeapi import ApiUnreachableError, KubeApiError, KubeClient
-from webhook.serving import cert_rotation, dev_certs, tls
+from webhook.kube.one_call import VALIDATION_AUTO
+from webhook.serving import cert_rotation, dev_certs, registration_metrics, tls
 
 __all__ = ["CA_RENEW_BEFORE", "RENEW_BEFORE", "SYNC_INTERVAL", "ClusterCertificates", "ClusterSecretsError",
            "SecretNames", "default_namespace"]
@@ -85,6 +86,9 @@ class SecretNames:
     state_key_secret: str | None = None
     webhook_configuration: str | None = None
     dns_names: tuple[str, ...] = ()
+    validation: str = VALIDATION_AUTO
+    """How the ValidatingWebhookConfiguration ``webhook_configuration`` is kept: ``auto`` (one call unless
+    another mutator matches CSINodes), ``webhook`` or ``cel`` (:mod:`webhook.kube.validation_mode`)."""
 
     @property
     def serving_dns_names(self) -> list[str]:
@@ -105,6 +109,7 @@ class ClusterCertificates:
         self.client = client
         self.interval = interval
         self._stop = threading.Event()
+        self._last_reason: str | None = None
 
     # ------------------------------------------------------------------ once, at start
     def bootstrap(self, attempts: int = 10, wait: float = 2.0) -> None:
@@ -235,6 +240,24 @@ class ClusterCertificates:
         pem = (self.names.cert_dir / "ca-bundle.crt").read_bytes()
         for line in serving_secrets.sync_ca_bundle(self.client, self.names.webhook_configuration, pem):
             log.info("%s", line)
+        self.sync_validation()
+
+    def sync_validation(self) -> None:
+        """Keep the ValidatingWebhookConfiguration in the mode ``names.validation`` chooses, re-checking the other
+        mutators of CSINodes on every pass; log and count a switch (skipped without a configuration name)."""
+        name = self.names.webhook_configuration
+        if not name:
+            return
+        result = validation_mode.sync_validation(self.client, name, self.names.validation)
+        if not result.exists:
+            return
+        if result.switched:
+            log.warning("switched validatingwebhookconfigurations/%s from %s to %s (%s)", name,
+                        result.before or "a mixed mode", result.mode, result.reason)
+        elif self._last_reason != result.reason:
+            log.info("validatingwebhookconfigurations/%s stays %s (%s)", name, result.mode, result.reason)
+        self._last_reason = result.reason
+        registration_metrics.record_mode(result.mode, result.switched)
 
     # ------------------------------------------------------------------ repeated
     def start(self) -> threading.Thread:

@@ -128,8 +128,9 @@ def _cluster_certificates(settings: Settings) -> Any:
         state_key_secret=settings.state_key_secret,
         webhook_configuration=settings.inject_ca_bundle,
         dns_names=settings.dns_names,
+        validation=settings.validation,
     )
-    certificates = ClusterCertificates(names, client)
+    certificates = ClusterCertificates(names, client, interval=settings.cluster_sync_interval)
     certificates.bootstrap()
     return certificates
 

@@ -67,6 +67,11 @@ class Settings:
     """Secret (in ``namespace``) that holds the state key; made when absent, copied to the state key file."""
     inject_ca_bundle: str | None = None
     """Name of the Mutating- and ValidatingWebhookConfiguration whose caBundle the guard keeps current."""
+    cluster_sync_interval: float = 30.0
+    """Seconds between two checks of the serving certificate Secret, the caBundle and the validation mode."""
+    validation: str = "auto"
+    """How the guard keeps that ValidatingWebhookConfiguration: ``auto`` (one call unless another mutator
+    matches CSINodes), ``webhook`` (two calls) or ``cel`` (one call)."""
     namespace: str | None = None
     """The guard's namespace for those Secrets; None: the pod's own (its service account's), else csinode-guard."""
     audit: AuditSettings = field(default_factory=AuditSettings)
