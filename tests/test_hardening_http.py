@@ -200,12 +200,11 @@ def test_a_declared_body_over_the_limit_gets_413_and_is_not_read(server: Running
     with tls_connection(server) as conn:
         conn.sendall(b"POST /mutate?timeout=10s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Content-Length: 50000000\r\n\r\n" + b"{" * 65536)
-        started = time.monotonic()
         status, headers, body = read_answer(conn)
         assert status == 413 and json.loads(body)["code"] == 413
         assert headers.get("connection") == "close"
+        # 64 KB of the declared 50 MB sent, and the server closed: it did not wait for the rest.
         assert closed_by_server(conn, 5), "the server waited for the rest of the 50 MB body"
-        assert time.monotonic() - started < 5
 
 
 def test_a_chunked_body_over_the_limit_gets_413(server_factory: Any) -> None:
@@ -231,26 +230,37 @@ def test_stalled_clients_hold_a_thread_only_until_the_read_deadline(server_facto
     half_hello.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # the start of a ClientHello
     stalled: list[socket.socket] = [partial_headers, partial_body, half_hello]
     try:
-        # Both threads are held by stalled clients now, and a third one waits: a well-behaved request is
-        # answered once the deadline (1 s) has freed a thread, twice at most (plus the parking of the silent ones).
-        started = time.monotonic()
+        # Both threads are held by stalled clients now, and a third one waits: the stalled ones never send more,
+        # so a well-behaved request is answered at all (the client waits up to 15 s) only because the deadline
+        # (1 s) freed a thread.
         answer = server.client().request("POST", "/mutate?timeout=10s", body=review_with_uid("after-stalls"),
                                          headers={"Content-Type": "application/json"})
-        waited = time.monotonic() - started
         assert answer.status == 200
-        assert waited < 6, f"a well-behaved client waited {waited:.1f} s"
         for conn in stalled:
             assert closed_by_server(conn, 4)
-        # Connections that send nothing hold no thread: a new request is answered at once.
-        started = time.monotonic()
         assert server.client().request("GET", "/healthz").status == 200
-        assert time.monotonic() - started < 1
     finally:
         for s in [*silent, *stalled]:
             s.close()
     log = server.stderr_path.read_text()
     assert "Traceback" not in log
     assert log.count("client sent no complete") == 3, log  # one line per stalled client, no drain wait
+
+
+def test_connections_that_send_nothing_hold_no_thread(server_factory: Any) -> None:
+    """Eight idle connections and two threads, with a read deadline of an hour: a request is answered (the client
+    waits up to 15 s) only because the idle connections wait in the worker's poller, not in its threads."""
+    server = server_factory("--threads", "2", workers=1, env={"CSINODE_GUARD_CLIENT_READ_TIMEOUT": "3600"})
+    silent = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(8)]
+    try:
+        for _ in range(3):
+            assert server.client().request("GET", "/healthz").status == 200
+        answer = server.client().request("POST", "/mutate?timeout=10s", body=review_with_uid("past-idle"),
+                                         headers={"Content-Type": "application/json"})
+        assert answer.status == 200
+    finally:
+        for s in silent:
+            s.close()
 
 
 def test_a_keep_alive_connection_older_than_max_age_is_closed_after_its_next_response(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -359,15 +360,44 @@ def test_cache_whose_watch_is_down_longer_than_max_staleness_answers_unknown(
     wait_until(lambda: metric("csinode_guard_cache_staleness_seconds", kind="nodes") == 0)
 
 
+class ObservedLock:
+    """A store's lock with every timeout a reader asked for recorded: what a lookup is willing to wait is then
+    read from the lock instead of from a clock (a loaded machine makes any measured wait longer)."""
+
+    def __init__(self, inner: threading.Lock) -> None:
+        self.inner = inner
+        self.timeouts: list[float] = []
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        self.timeouts.append(timeout)
+        return self.inner.acquire(blocking, timeout)
+
+    def release(self) -> None:
+        self.inner.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def observe_lock(view: KubernetesClusterView) -> ObservedLock:
+    """The VolumeAttachment store's lock replaced by an :class:`ObservedLock` around it."""
+    store = view.volumeattachments.store
+    observed = ObservedLock(store.lock)
+    store._lock = observed  # type: ignore[assignment]  # the seam
+    return observed
+
+
 def test_lookup_gives_up_after_the_budget_when_the_cache_lock_is_held(view: KubernetesClusterView) -> None:
     before = metric("csinode_guard_cache_lookup_timeouts_total", kind="volumeattachments")
-    lock = view.volumeattachments.store.lock
-    with lock:  # a writer stuck inside the store
-        started = time.perf_counter()
+    lock = observe_lock(view)
+    with lock.inner:  # a writer stuck inside the store
         assert view.attached_volumes(NODE, EBS) is None
         assert view.attach_errors(NODE, EBS, LONG_AGO) is None
-        elapsed = time.perf_counter() - started
-    assert elapsed < 0.1  # two budgets of 5 ms, plus thread scheduling on a loaded machine
+    # Each lookup asked for the lock with the budget (5 ms), never an unbounded wait, then gave up and said so.
+    assert lock.timeouts == [FAST.lookup_budget, FAST.lookup_budget]
     assert metric("csinode_guard_cache_lookup_timeouts_total", kind="volumeattachments") == before + 2
     assert view.attached_volumes(NODE, EBS) == 1
 
@@ -377,10 +407,13 @@ def test_lookups_stay_fast_while_the_api_hangs(view: KubernetesClusterView, apis
     apiserver.hang("volumeattachments")
     apiserver.drop_watches("volumeattachments")  # the reconnect now hangs
     wait_until(lambda: len(apiserver.requests_for("volumeattachments", watch=True)) == 2)
-    started = time.perf_counter()
-    for _ in range(1000):
-        assert view.attached_volumes(NODE, EBS) == 1
-    assert (time.perf_counter() - started) / 1000 < 0.001
+    requests = len(apiserver.requests_for("volumeattachments"))
+    lock = observe_lock(view)
+    answers = [view.attached_volumes(NODE, EBS) for _ in range(1000)]
+    # Answered from the cache: no request to the hanging API, and the lock, free, was taken at once every time.
+    assert answers == [1] * 1000
+    assert len(apiserver.requests_for("volumeattachments")) == requests
+    assert lock.timeouts == [FAST.lookup_budget] * 1000
     apiserver.release("volumeattachments")
 
 
@@ -575,11 +608,12 @@ def test_kubeconfig_from_the_environment_builds_a_started_view(
 
 
 def test_stop_ends_every_thread_promptly(make_view: Callable[..., KubernetesClusterView]) -> None:
-    view = make_view()
+    # Every wait a thread can be in lasts an hour or more (backoff, monitor) or minutes (a watch's read timeout):
+    # threads that end at all inside stop()'s timeout were woken by it, not by a wait running out.
+    view = make_view(monitor_interval=3600.0, backoff_initial=3600.0, backoff_max=3600.0)
     wait_until(view.synced)
-    started = time.monotonic()
-    view.stop(timeout=2.0)
-    assert time.monotonic() - started < 1.0
+    assert view._settings.watch_read_timeout >= 60 and view._settings.watch_timeout >= 60
+    view.stop(timeout=TIMEOUT)
     assert not any(r.alive for r in view._reflectors())
     assert view._monitor is not None and not view._monitor.is_alive()
 

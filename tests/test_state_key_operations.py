@@ -25,7 +25,6 @@ from webhook.admission.state import STATE_ANNOTATION
 def test_without_its_state_key_the_guard_exits_and_never_serves(tmp_path: Path) -> None:
     port = free_port()
     missing = tmp_path / "state-key" / "key"
-    started = time.monotonic()
     result = subprocess.run(
         [sys.executable, "-m", "webhook", "serve", "--host", "127.0.0.1", "--port", str(port), "--metrics-port", "0",
          "--cert-dir", str(tmp_path / "certs"), "--dns-name", SERVICE_DNS, "--offline",
@@ -33,8 +32,7 @@ def test_without_its_state_key_the_guard_exits_and_never_serves(tmp_path: Path) 
         capture_output=True, text=True, timeout=60, check=False, env={**os.environ, "PYTHONPATH": os.getcwd()},
     )
     assert result.returncode == 2, result.stderr[-2000:]
-    assert f"state key file {missing} does not exist" in result.stderr
-    assert time.monotonic() - started < 60
+    assert f"state key file {missing} does not exist" in result.stderr  # and it exited (run()'s timeout: 60 s)
     with socket.socket() as probe:  # nothing ever listened: a readiness probe fails, the Service has no endpoint
         assert probe.connect_ex(("127.0.0.1", port)) != 0
     assert not missing.exists()  # a named key file is never generated

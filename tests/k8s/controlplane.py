@@ -84,14 +84,19 @@ def running_control_plane(directory: Path) -> Iterator[ControlPlane]:
 
 
 def kubectl_binary() -> str:
-    """The machine's ``kubectl`` (or the one in ``CSINODE_GUARD_TOOLS_DIR``), else :class:`ControlPlaneUnavailable`."""
+    """The ``kubectl`` in ``$CSINODE_GUARD_TOOLS_DIR``, else the machine's, else the one ``ci/deploy-checks.sh
+    install`` put in its default directory (``~/.cache/csinode-guard/tools/bin``); else
+    :class:`ControlPlaneUnavailable`."""
     tools = os.environ.get("CSINODE_GUARD_TOOLS_DIR")
     if tools and os.access(Path(tools) / "kubectl", os.X_OK):
         return str(Path(tools) / "kubectl")
     found = shutil.which("kubectl")
-    if not found:
-        raise ControlPlaneUnavailable("no kubectl on PATH")
-    return found
+    if found:
+        return found
+    default = Path.home() / ".cache" / "csinode-guard" / "tools" / "bin" / "kubectl"
+    if os.access(default, os.X_OK):
+        return str(default)
+    raise ControlPlaneUnavailable("no kubectl on PATH (run: ci/deploy-checks.sh install)")
 
 
 def unique(prefix: str) -> str:

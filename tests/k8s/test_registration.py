@@ -54,6 +54,14 @@ def stored_count(control_plane: ControlPlane, node: str) -> int | None:
     return counts(control_plane.get_csinode(node)).get(EBS)
 
 
+def failed_open(control_plane: ControlPlane) -> float:
+    """The apiserver's ``apiserver_admission_webhook_fail_open_count`` summed over the guard's registration entries
+    (failurePolicy Ignore): webhook calls that failed (refused, timed out) and were let through."""
+    metrics = control_plane.kubectl("get", "--raw", "/metrics").stdout
+    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+               if line.startswith("apiserver_admission_webhook_fail_open_count{") and "node-registrations." in line)
+
+
 def report(what: str, seconds: float) -> None:
     print(f"\n[install latency] {what}: {seconds:.2f}s")
 
@@ -151,21 +159,27 @@ def test_with_the_guard_hanging_kubelets_install_still_succeeds(
     control_plane: ControlPlane, guard: Guard
 ) -> None:
     node = new_node(control_plane, guard, "hang")
+    before = failed_open(control_plane)
     guard.pause()
     try:
         took = install(control_plane, node, 39)
         assert stored_count(control_plane, node) == 39  # unjudged: reconciled at the node's next judged write
+        after_install = failed_open(control_plane)
         started = time.monotonic()
         uninstall(control_plane, node)
         removal = time.monotonic() - started
+        after_removal = failed_open(control_plane)
         restart = install(control_plane, node, 30)
+        after_restart = failed_open(control_plane)
     finally:
         guard.resume()
 
     report("guard hanging (SIGSTOP), first registration (CREATE + UPDATE) reporting 39", took)
     report("guard hanging (SIGSTOP), plugin restart: removal", removal)
     report("guard hanging (SIGSTOP), plugin restart: registration", restart)
-    assert max(took, removal, restart) < 60, "well inside kubelet's ~140 s of registration retries"
+    # Each write's call to the hanging guard ended at the entry's own timeoutSeconds and was let through
+    # (failurePolicy Ignore), as the apiserver counts it: not at kubelet's patience, whatever the machine's load.
+    assert before < after_install < after_removal < after_restart, (before, after_install, after_removal, after_restart)
     assert stored_count(control_plane, node) == 30
 
 
@@ -189,11 +203,15 @@ def test_with_a_wrong_ca_bundle_kubelets_install_still_succeeds(
 def test_install_latency_with_the_guard_stopped(control_plane: ControlPlane, guard: Guard, guard_state: str) -> None:
     node = new_node(control_plane, guard, "latency")
     guard.stop()
+    before = failed_open(control_plane)
 
     took = install(control_plane, node, 25)
 
     report(f"guard {guard_state}, first registration", took)
-    assert took < 30
+    # Through, because the apiserver let the refused calls fail open (failurePolicy Ignore); its speed is measured,
+    # not asserted (benchmarks/).
+    assert stored_count(control_plane, node) == 25
+    assert failed_open(control_plane) > before
 
 
 def test_an_install_over_a_registered_entry_with_the_same_node_id_succeeds_and_keeps_the_count(
