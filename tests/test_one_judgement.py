@@ -7,7 +7,8 @@ lowers each entry to (:func:`webhook.admission.standing.judge_standing`, the tar
 count where it repairs nothing) equals the count admission stores for that entry when the node's own kubelet next
 writes the object (a judged write that lowers another driver: /mutate, its patch applied as the apiserver
 applies it). Policies: the bundled one, one whose rules deny instead of clamp and pace increases by 10 minutes,
-one that refuses unknown driver versions, and one with an enforcement scope the node is outside of.
+one that refuses unknown driver versions, one with an enforcement scope the node is outside of, and one that
+takes EBS versions from what a trusted reporter declared (recorded in the signed state).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from webhook.admission.state import (
     STATE_ANNOTATION,
     Approval,
     Correction,
+    DeclaredVersion,
     EntryState,
     GuardState,
     PinnedLabel,
@@ -76,7 +78,12 @@ def _canary(spec: dict[str, Any]) -> None:
     spec["enforcementScope"] = {"nodeSelector": {"matchLabels": {"canary": "true"}}}
 
 
-POLICIES = (_policy(), _policy(_strict), _policy(_unknown_refused), _policy(_canary))
+def _declared_versions(spec: dict[str, Any]) -> None:
+    spec["drivers"][EBS]["versionSource"] = {"type": "annotation"}
+    spec["versionReporters"] = {"users": ["version-reporter"]}
+
+
+POLICIES = (_policy(), _policy(_strict), _policy(_unknown_refused), _policy(_canary), _policy(_declared_versions))
 
 counts = st.none() | st.integers(0, 140) | st.sampled_from([0, 26, 27, 28, 40, 43, 127, 128, INT32_MAX])
 moments = st.integers(-3 * 3600, 8 * 3600).map(lambda s: NOW - timedelta(seconds=s))
@@ -129,8 +136,11 @@ def cases(draw: st.DrawFn) -> Case:
     }
     kept = draw(st.lists(st.sampled_from(DRIVERS), max_size=3, unique=True))  # also drivers removed since
     sequence = draw(st.integers(1, 9))
+    declared = {}
+    if (version := draw(versions)) is not None:  # what a trusted reporter declared (the annotation source)
+        declared[EBS] = DeclaredVersion(version, "version-reporter", NOW - timedelta(hours=2))
     state = GuardState(UID, {d: draw(entries()) for d in kept}, tuple(draw(st.lists(approvals(), max_size=2))),
-                       sequence=sequence)
+                       declared, sequence=sequence)
     how = draw(st.sampled_from(["signed", "signed", "signed", "none", "forged", "replayed"]))
     newest: dict[str, int] = {}
     if how in ("signed", "replayed"):
