@@ -4,12 +4,14 @@ watch sees (webhook.kube.watch.csinodes) and the one cluster budget counted from
 
 from __future__ import annotations
 
+import copy
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from webhook.admission.cluster import StaticClusterView
 from webhook.admission.csinode import INT32_MAX, parse_csinode
 from webhook.admission.policy import PolicyError, load_policy, parse_policy
 from webhook.admission.standing import (
@@ -24,10 +26,12 @@ from webhook.admission.state import (
     Correction,
     EntryState,
     GuardState,
+    PinnedLabel,
     StateKeys,
     decode_state,
     encode_state,
 )
+from webhook.kube.repair import RepairResult, repair_csinode
 from webhook.kube.watch.csinodes import CSINodeStore, IncreaseLedger, make_parser, watched_increases
 from webhook.serving.cluster_budget import WatchedIncreaseBudget
 
@@ -57,7 +61,11 @@ def judge(obj: dict[str, Any], labels: dict[str, str] | None = M6I, policy: Any 
           newest_sequence: int | None = None) -> Any:
     node = parse_csinode(obj)
     decoded = decode_state(node.annotations.get(STATE_ANNOTATION), node.uid, KEYS)
-    return judge_standing(node, decoded, policy, labels, NOW, newest_sequence=newest_sequence)
+    cluster = StaticClusterView(
+        nodes={} if labels is None else {"node-a": {"labels": labels}},
+        state_sequences={} if newest_sequence is None else {UID: newest_sequence},
+    )
+    return judge_standing(node, decoded, policy, cluster, NOW, KEYS)
 
 
 def accepted(count: int | None, **fields: Any) -> GuardState:
@@ -118,6 +126,26 @@ def test_what_the_rules_allow_is_left_alone(count: int, state: GuardState | None
     assert judgement.findings == () and judgement.targets == {}
 
 
+@pytest.mark.parametrize("reported", [40, 128])
+def test_a_label_the_node_set_while_the_guard_was_down_raises_no_ceiling_of_the_audit(reported: int) -> None:
+    """Attack 4: the ceiling pinned at m6i.large (27); the node relabels itself c7i.48xlarge (the profile's 128)
+    and registers ``reported`` unjudged. The audit judges with the pin, as admission does: 27, never the new
+    label's 128 nor the step over the accepted count (27 + maxStepUp 16 = 43)."""
+    state = accepted(27, pinned=PinnedLabel("node.kubernetes.io/instance-type", "m6i.large"))
+    judgement = judge(csinode(reported, state), labels={"node.kubernetes.io/instance-type": "c7i.48xlarge"})
+    assert judgement.targets == {EBS: 27}
+    assert any("pinned" in f.why and f.allowed == 27 and f.repairable for f in judgement.findings), judgement
+
+
+def test_a_ceiling_tightened_under_an_accepted_count_is_found() -> None:
+    doc = dict(POLICY.document)
+    drivers = {**doc["spec"]["drivers"], EBS: {**doc["spec"]["drivers"][EBS], "ceiling": {"max": 20, "unknown": 20}}}
+    policy = parse_policy({**doc, "spec": {**doc["spec"], "drivers": drivers}})
+    judgement = judge(csinode(25, accepted(25)), labels=None, policy=policy)
+    assert judgement.targets == {EBS: 20}
+    assert [f.rule for f in judgement.findings] == ["count-ceiling"]
+
+
 def test_an_unknown_node_gets_the_unknown_nodes_ceiling() -> None:
     assert judge(csinode(39), labels=None).targets == {EBS: 27}
 
@@ -169,10 +197,47 @@ def test_lowering_never_raises_and_keeps_every_other_field() -> None:
     assert changed == {EBS: 27} and unbounded["spec"]["drivers"][0]["allocatable"] == {"count": 27}
 
 
-def test_reconcile_is_a_policy_field_with_report_as_the_bundled_default() -> None:
-    assert reconcile_mode(POLICY) is ReconcileMode.REPORT
+class _AdmittingApiserver:
+    """The apiserver as a repair sees it, for one CSINode: GET returns the stored object; PUT stores the object
+    after a mutating webhook that holds ``driver`` at ``held`` at most (as the guard's own admission may hold a
+    repair below its target), and answers with what it stored."""
+
+    def __init__(self, obj: dict[str, Any], held: int) -> None:
+        self.obj = obj
+        self.held = held
+
+    def get(self, resource: Any, name: str) -> dict[str, Any]:
+        return copy.deepcopy(self.obj)
+
+    def replace(self, resource: Any, obj: dict[str, Any], *, dry_run: bool = False,
+                field_manager: str | None = None) -> dict[str, Any]:
+        stored = copy.deepcopy(obj)
+        for entry in stored["spec"]["drivers"]:
+            count = (entry.get("allocatable") or {}).get("count")
+            if entry["name"] == EBS and (count is None or count > self.held):
+                entry["allocatable"] = {"count": self.held}
+        if not dry_run:
+            self.obj = stored
+        return stored
+
+
+def test_a_repair_reports_the_count_the_update_stored_not_the_target_it_sent() -> None:
+    apiserver = _AdmittingApiserver(csinode(128), held=27)
+    outcome = repair_csinode(cast(Any, apiserver), "node-a", lambda obj: {EBS: 43})
+    assert outcome.result is RepairResult.REPAIRED
+    assert outcome.lowered == {EBS: 43}, "the target sent"
+    assert outcome.stored == {EBS: 27}, "what etcd holds: the audit's record and Event say this"
+    assert apiserver.obj["spec"]["drivers"][0]["allocatable"] == {"count": 27}
+
+
+def test_reconcile_is_a_policy_field_with_clamp_as_the_bundled_default_and_report_the_opt_out() -> None:
+    # What fails open must not stay: writes under failurePolicy Ignore pair with an audit that lowers.
+    assert reconcile_mode(POLICY) is ReconcileMode.CLAMP
     doc = dict(POLICY.document)
-    assert reconcile_mode(parse_policy({**doc, "spec": {**doc["spec"], "reconcile": "clamp"}})) is ReconcileMode.CLAMP
+    unsaid = {k: v for k, v in doc["spec"].items() if k != "reconcile"}
+    assert reconcile_mode(parse_policy({**doc, "spec": unsaid})) is ReconcileMode.CLAMP, "absent: clamp"
+    assert reconcile_mode(parse_policy({**doc, "spec": {**doc["spec"], "reconcile": "report"}})) is \
+        ReconcileMode.REPORT
     with pytest.raises(PolicyError, match=r"\$\.spec\.reconcile"):
         parse_policy({**doc, "spec": {**doc["spec"], "reconcile": "repair"}})
 

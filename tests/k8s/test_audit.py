@@ -153,6 +153,58 @@ def test_a_count_stored_while_the_guard_was_down_is_lowered_to_the_ceiling_by_th
     assert (repaired["old"], repaired["new"], repaired["final"]) == (39, CEILING, CEILING)
 
 
+def relabel_as_the_node(control_plane: ControlPlane, node: str, instance_type: str) -> None:
+    """The node labels itself (``system:node:<node>``: NodeRestriction lets a kubelet set its own
+    ``node.kubernetes.io/instance-type``), as a node taken over may."""
+    control_plane.kubectl("label", "node", node, f"node.kubernetes.io/instance-type={instance_type}", "--overwrite",
+                          kubeconfig=control_plane.node_kubeconfig(node))
+
+
+def test_a_node_that_relabels_itself_while_the_guard_is_down_is_lowered_to_its_pinned_ceiling_by_the_default(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    """Attack 4 of the third review, replayed. The EBS ceiling is pinned at m6i.large (27) by a first registration
+    the guard judged; the guard goes down; each node labels itself c7i.48xlarge (the profile's 128) and its plugin
+    registers again with 40 (one node) or 128 (the other), stored under failurePolicy Ignore. The guard comes
+    back on the bundled policy, ``spec.reconcile`` left unsaid: its default clamps. The audit judges each entry
+    as admission does (the pinned ceiling, not today's label): both are lowered to 27 by the first pass, and
+    the audit records and Events give 27, the count etcd holds -- not 43 (the accepted 27 plus maxStepUp 16,
+    which the audit's own copy of the rules once reported while admission held 27)."""
+    nodes = {new_node(control_plane, "relabel"): reported for reported in (40, 128)}
+
+    def defaults(doc: dict[str, Any]) -> None:
+        doc["spec"].pop("reconcile", None)  # the default applies
+        doc["spec"]["writers"]["users"] = [ADMIN_USER]  # the guard's identity here, as its ServiceAccount in deploy/
+
+    guard = guard_factory(policy_file(tmp_path / "defaults.yaml", defaults), extra_args=audit_args(unique("audit")))
+    for node in nodes:
+        install(control_plane, node, CEILING)  # judged with the guard up: the ceiling is pinned at m6i.large
+    guard.stop()
+    for node, reported in nodes.items():
+        relabel_as_the_node(control_plane, node, "c7i.48xlarge")
+        control_plane.kubelet(node, "uninstall", "--driver", EBS)
+        install(control_plane, node, reported)
+        assert stored(control_plane, node) == reported, "stored while the guard was down"
+
+    guard.start()
+    wait_until(lambda: all(stored(control_plane, n) == CEILING for n in nodes), timeout=60,
+               what="both entries lowered to the pinned ceiling")
+
+    records = wait_until(lambda: [r for r in guard.decisions() if r.get("source") == "audit"
+                                  and r.get("node") in nodes and r.get("decision") == "repaired"] or None,
+                         timeout=20, what="the repairs' audit records")
+    for node, reported in nodes.items():
+        mine = [r for r in records if r["node"] == node]
+        assert mine, f"a repaired record for {node}"
+        assert {(r["old"], r["final"], r["trigger"]) for r in mine} == {(reported, CEILING, "start")}, mine
+        events = wait_until(lambda n=node: [e for e in audit_events_about(control_plane, n)
+                                            if e["reason"] == "Reconciled"] or None,
+                            timeout=20, what=f"the Reconciled Event of {node}")
+        notes = " ".join(e.get("note", "") for e in events)
+        assert f"lowered {EBS} to {CEILING} " in notes and "to 43" not in notes, notes
+    assert stored(control_plane, next(iter(nodes))) == CEILING, "the repair stands: admission agrees with it"
+
+
 def test_report_mode_reports_and_writes_nothing(
     control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
 ) -> None:

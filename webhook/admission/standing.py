@@ -1,24 +1,21 @@
 """Judging what a CSINode stores now, not a write: the audit's pure judgement, and the repair it implies.
 
-Admission sees a count once, when it is written. A count that entered while the guard was down (registrations,
-CREATE and decreases reach it under ``failurePolicy: Ignore``), or that a tightened policy no longer allows,
-stands until the object is written again. :func:`judge_standing` judges each driver entry of a stored CSINode
-with the rules that need no transition, using the very rule functions admission uses:
+Admission sees a count once, when it is written. A count that entered while the guard was down or slow
+(registrations, CREATE and decreases reach it under ``failurePolicy: Ignore``), or that a tightened policy no
+longer allows, stands until the object is written again. :func:`judge_standing` judges a stored CSINode with
+admission's own judgement, not a copy of its rules: each entry as admission would judge it at the node's next
+write (:func:`webhook.admission.evaluation.stored.judge_stored`, the stages of ``evaluate`` with the same rule
+inputs: the ceiling pinned for the entry, the driver version from the policy's source, attach errors, the
+update period, the newest state seen), so the count the audit lowers an entry to is the count admission allows
+for it. Besides, ``state-integrity`` on the object: a state annotation that does not verify (edited, forged,
+another object's, an unknown format), one that is gone although a state was seen for this object, and one older
+than the newest state seen for the object (a replayed state: its ``sequence`` is lower).
 
-- ``count-ceiling`` (:func:`webhook.admission.rules.count_ceiling.check`) on the entry as if it registered now,
-  from the last count the signed state accepted: above the ceiling (driver, node label, profile), 2147483647,
-  unbounded where the driver has a finite ceiling or after a bounded accepted count, and a rise over the
-  accepted count larger than ``maxStepUp``;
-- ``count-rollback`` (:func:`webhook.admission.rules.count_rollback.check`) when the stored count is above the
-  accepted one: a rise while the entry is frozen, or one that undoes a recent correction;
-- ``state-integrity`` on the object: a state annotation that does not verify (edited, forged, another object's,
-  an unknown format), one that is gone although a state was seen for this object, and one older than the newest
-  state seen for the object (a replayed state: its ``sequence`` is lower).
-
-A finding whose rule's enforcement action is ``clamp`` or ``deny`` and that names a lower count is *repairable*:
-with ``spec.reconcile: clamp`` the audit lowers the stored count to the lowest such count (never raising it,
-:func:`lowered_object`). ``warn`` and ``dryrun`` findings, nodes outside ``spec.enforcementScope``, and exempt
-nothing (no requester) are reported only. Pure: no I/O, the clock is an argument.
+A finding that names a count below the stored one and whose effective action is ``clamp`` (in the enforcement
+scope, not exempt, its rule set to ``clamp`` or ``deny``) is *repairable*: with ``spec.reconcile: clamp`` (the
+default) the audit lowers the stored count to the count admission allows (never raising it,
+:func:`lowered_object`). ``warn`` and ``dryrun`` findings and nodes outside ``spec.enforcementScope`` are
+reported only. Pure: no I/O, the clock is an argument.
 """
 
 from __future__ import annotations
@@ -29,25 +26,31 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from webhook.admission.csinode import CountChange, CSINode, format_count
+from webhook.admission.cluster import ClusterView
+from webhook.admission.csinode import CSINode, format_count
+from webhook.admission.evaluation.stored import judge_stored
 from webhook.admission.policy import STATE_INTEGRITY, EnforcementAction, Policy
-from webhook.admission.rules import count_ceiling, count_rollback
-from webhook.admission.rules.base import RuleContext, Violation, Writer
-from webhook.admission.state import DecodedState, StateProblem, format_time
+from webhook.admission.state import DecodedState, StateKeys, StateProblem, format_time
 
 RECONCILE_FIELD = "reconcile"
 """``spec.reconcile`` of the GuardPolicy."""
 
 
 class ReconcileMode(enum.StrEnum):
-    """``spec.reconcile``: ``report`` judges standing counts and reports them; ``clamp`` also lowers them."""
+    """``spec.reconcile``: ``report`` judges standing counts and reports them; ``clamp`` (the default) also
+    lowers them."""
 
     REPORT = "report"
     CLAMP = "clamp"
 
 
-DEFAULT_RECONCILE = ReconcileMode.REPORT
-"""When the policy does not say: report only (a repair writes to CSINodes; an operator opts in)."""
+DEFAULT_RECONCILE = ReconcileMode.CLAMP
+"""When the policy does not say: clamp. The writes that must never be refused (registration, CREATE,
+decreases) reach the guard with ``failurePolicy: Ignore``, so a count can enter while the guard is down or slower
+than the webhook's ``timeoutSeconds``; admission alone would then leave it standing until the node's next judged
+write, which may never come. Gatekeeper pairs ``Ignore`` with its audit for the same reason: what fails open must
+not stay. A repair only lowers a count (the safe direction), as the guard's ServiceAccount, judged by this
+webhook like any write; ``report`` is the opt-out."""
 
 
 def reconcile_mode(policy: Policy) -> ReconcileMode:
@@ -96,27 +99,9 @@ class StandingJudgement(NamedTuple):
     targets: Mapping[str, int]
 
 
-_NOBODY = Writer(username="", groups=(), is_node_kubelet=False, is_listed_writer=False)
-"""No requester: the audit judges what is stored, not who wrote it."""
-
-
 def _lower(target: int | None, stored: int | None) -> bool:
     """True when ``target`` is a count below ``stored`` (None = unbounded, above every count)."""
     return target is not None and (stored is None or target < stored)
-
-
-def _above(count: int | None, trusted: int | None) -> bool:
-    """True when ``count`` is higher than ``trusted`` (None = unbounded)."""
-    if trusted is None:
-        return False
-    return count is None or count > trusted
-
-
-def _in_scope(policy: Policy, labels: Mapping[str, str] | None) -> bool:
-    wanted = policy.scope_match_labels
-    if wanted is None:
-        return True
-    return labels is not None and all(labels.get(k) == v for k, v in wanted.items())
 
 
 def _state_findings(
@@ -148,46 +133,42 @@ def judge_standing(
     node: CSINode,
     decoded: DecodedState,
     policy: Policy,
-    labels: Mapping[str, str] | None,
+    cluster: ClusterView,
     now: datetime,
-    *,
-    newest_sequence: int | None = None,
+    keys: StateKeys,
 ) -> StandingJudgement:
-    """Judge the stored CSINode ``node`` (its drivers and counts) with its verified state ``decoded`` under
-    ``policy`` at ``now`` (timezone-aware UTC). ``labels`` are the Node's labels (None = unknown: the
-    ceilings for an unknown node apply); ``newest_sequence`` the highest state sequence seen for the object.
+    """Judge the stored CSINode ``node`` with its state ``decoded`` under ``policy`` at ``now`` (timezone-aware
+    UTC): the state's integrity, and each entry as admission judges it at the node's next write
+    (:func:`webhook.admission.evaluation.stored.judge_stored`: the same stages and the same inputs -- the pinned
+    ceiling, the driver version from the policy's source, attach errors, the update period, the newest state
+    sequence ``cluster`` saw). A finding is kept when it names a count below the stored one; ``targets`` are
+    the counts admission allows where they are below the stored ones (only from findings whose effective action
+    is ``clamp``: in the enforcement scope, not exempt, the rule set to ``clamp`` or ``deny``).
 
-    Never raises for any CSINode :func:`webhook.admission.csinode.parse_csinode` accepts.
+    ``keys`` would verify a state; ``decoded`` is used as given (verified by the watch cache, or read unverified
+    by ``status`` without the key). Never raises for any CSINode :func:`webhook.admission.csinode.parse_csinode`
+    accepts.
     """
-    findings = _state_findings(node, decoded, newest_sequence, policy)
-    state = decoded.state
-    entries = state.entries if state is not None else {}
-    approvals = state.approvals if state is not None else ()
-    enforce = _in_scope(policy, labels)
+    findings = _state_findings(node, decoded, cluster.newest_state_sequence(node.uid) if node.uid else None,
+                               policy)
+    stored = judge_stored(node, policy, cluster, now, keys, decoded=decoded)
     targets: dict[str, int] = {}
-    for driver in node.drivers.values():
-        dp = policy.for_driver(driver.name)
-        entry = entries.get(driver.name)
-        accepted = entry.count if entry is not None else None
-        stored = driver.allocatable_count
-        change = CountChange(node.name, driver.name, accepted, stored, driver.position, registration=True)
-        ctx = RuleContext(
-            change=change, policy=policy, driver_policy=dp, writer=_NOBODY, entry=entry,
-            approvals=tuple(a for a in approvals if a.driver == driver.name), driver_version=None,
-            node_labels=labels, attach_errors=None, update_period=None, now=now,
-            resolved_ceiling=dp.ceiling.resolve(labels),
-        )
-        violations: list[Violation] = list(count_ceiling.check(ctx))
-        if entry is not None and _above(stored, accepted):
-            violations += count_rollback.check(ctx._replace(change=change._replace(registration=False)))
-        for v in violations:
-            if not _lower(v.clamp_to, stored):
-                continue  # the audit never raises a count, nor reports what is not above an allowed count
-            repairable = enforce and v.action in (EnforcementAction.CLAMP, EnforcementAction.DENY)
-            findings.append(StandingFinding(node.name, driver.name, v.rule, stored, v.clamp_to, v.why, v.proceed,
-                                            v.action, repairable))
-            if repairable and v.clamp_to is not None:
-                targets[driver.name] = min(targets.get(driver.name, v.clamp_to), v.clamp_to)
+    for f in stored.settlement.findings:
+        change = f.change
+        if change is None:
+            continue
+        count = node.drivers[change.driver].allocatable_count
+        allowed = f.violation.clamp_to
+        if not _lower(allowed, count):
+            continue  # the audit never raises a count, nor reports what is not above an allowed count
+        v = f.violation
+        findings.append(StandingFinding(node.name, change.driver, v.rule, count, allowed, v.why, v.proceed,
+                                        v.action, f.effective is EnforcementAction.CLAMP))
+    for change in stored.write.changes:
+        count = node.drivers[change.driver].allocatable_count
+        final = stored.settlement.finals.get(change.driver)
+        if final is not None and _lower(final, count):
+            targets[change.driver] = final
     return StandingJudgement(node.name, node.uid, tuple(findings), targets)
 
 

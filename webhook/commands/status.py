@@ -17,7 +17,14 @@ from webhook.admission.durations import parse_duration
 from webhook.admission.policy import PolicyError, load_policy
 from webhook.admission.state import StateKeys
 from webhook.commands.options import api_failure, cluster_options, connect
-from webhook.commands.status_audit import findings_json, format_findings, read_audit_events, standing_findings
+from webhook.commands.status_audit import (
+    findings_json,
+    format_findings,
+    read_audit_events,
+    read_csidrivers,
+    standing_findings,
+    status_cluster_view,
+)
 from webhook.kube import kubeapi
 
 EXIT_NO_CLUSTER = 3
@@ -65,8 +72,9 @@ def status(
     guard's last accepted count and its age from its signed state, frozen or corrected entries with until-when;
     -o wide adds the writer version, recent attach errors by class and Pods Pending on volume limits. Sorted by
     least headroom, with a one-line cluster summary on top. Reads one LIST per kind (CSINodes, Nodes,
-    VolumeAttachments, Pending Pods, the audit's Events in default); needs get/list on them. Then the standing
-    violations: which node and entry the audit's rules no longer allow, why, and since when (the audit's Event).
+    VolumeAttachments, Pending Pods, CSIDrivers, the audit's Events in default); needs get/list on them. Then the
+    standing violations: which node and entry the audit (admission's judgement) no longer allows, why, and since
+    when (the audit's Event).
     """
     try:
         policy = load_policy(policy_path)
@@ -82,6 +90,7 @@ def status(
         with client:
             node_objects, csinodes, attachments, pending = read_cluster(client, selector)
             since = read_audit_events(client)
+            csidrivers = read_csidrivers(client)
     except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
         raise CannotReadError(api_failure("cannot read the cluster", exc).message) from None
     wanted: set[str] | None = None
@@ -92,7 +101,8 @@ def status(
     now = datetime.now(UTC)
     report = build_report(csinodes, node_objects, attachments, pending, policy=policy, now=now, keys=keys,
                           errors_within=window, node_names=wanted, driver_names=drivers or None)
-    standing = standing_findings(csinodes, node_objects, policy, keys, now, node_names=wanted)
+    cluster = status_cluster_view(node_objects, attachments, csidrivers)
+    standing = standing_findings(csinodes, cluster, policy, keys, now, node_names=wanted)
     if drivers:
         standing = [f for f in standing if f.driver in drivers]
     if output == "json":

@@ -7,7 +7,9 @@ a newer write that lowered the count already needs nothing more; one that raised
 other. The PUT goes through every admission webhook, the guard's own among them, and is judged like any write
 (the guard's ServiceAccount must be a writer the policy lists). A count is never raised
 (:func:`webhook.admission.standing.lowered_object`). ``dry_run`` sends the same PUT with ``dryRun=All``: the
-apiserver and every webhook judge it, nothing is stored. Writes are paced by a client-side token bucket.
+apiserver and every webhook judge it, nothing is stored. Writes are paced by a client-side token bucket. The
+outcome carries the counts of the update's answer (what etcd holds after it), which the audit reports rather
+than the target.
 
 RBAC: ``get`` and ``update`` on ``storage.k8s.io`` ``csinodes`` (cluster-wide: CSINodes are cluster-scoped).
 """
@@ -17,8 +19,8 @@ from __future__ import annotations
 import enum
 import logging
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from webhook.admission.budget import IncreaseBudget
@@ -43,14 +45,32 @@ class RepairResult(enum.StrEnum):
 
 @dataclass(frozen=True)
 class RepairOutcome:
-    """What one repair of the CSINode ``node`` did: ``lowered`` maps a driver to its new count (empty when
-    nothing was left to lower), ``attempts`` PUTs sent, ``message`` the apiserver's for a refusal or error."""
+    """What one repair of the CSINode ``node`` did: ``lowered`` maps a driver to the count the PUT carried (empty
+    when nothing was left to lower), ``stored`` each of those drivers to the count in the update's answer -- what
+    etcd holds after a repair (or would, for a dry run), which admission may have lowered further (None:
+    unbounded, or the entry is gone; empty unless the write was accepted) -- ``attempts`` PUTs sent, ``message``
+    the apiserver's for a refusal or error."""
 
     node: str
     result: RepairResult | None
     lowered: Mapping[str, int]
     attempts: int
     message: str = ""
+    stored: Mapping[str, int | None] = field(default_factory=dict)
+
+
+def stored_counts(obj: Mapping[str, Any], drivers: Iterable[str]) -> dict[str, int | None]:
+    """The ``allocatable.count`` of each of ``drivers`` in the CSINode JSON ``obj`` (matched by name; None when
+    unbounded or absent)."""
+    wanted = set(drivers)
+    found: dict[str, int | None] = dict.fromkeys(wanted)
+    for entry in ((obj.get("spec") or {}).get("drivers")) or []:
+        if not isinstance(entry, Mapping) or entry.get("name") not in wanted:
+            continue
+        allocatable = entry.get("allocatable")
+        count = allocatable.get("count") if isinstance(allocatable, Mapping) else None
+        found[str(entry["name"])] = count if isinstance(count, int) and not isinstance(count, bool) else None
+    return found
 
 
 class RepairRateLimiter:
@@ -102,7 +122,7 @@ def repair_csinode(
             return RepairOutcome(node, None, {}, sent)
         sent += 1
         try:
-            client.replace(CSINODES, lowered_obj, dry_run=dry_run, field_manager=FIELD_MANAGER)
+            answer = client.replace(CSINODES, lowered_obj, dry_run=dry_run, field_manager=FIELD_MANAGER)
         except KubeApiError as exc:
             if exc.conflict:
                 log.info("repair of %s: conflict (a newer write); reading it again", node)
@@ -111,5 +131,7 @@ def repair_csinode(
             return RepairOutcome(node, result, lowered, sent, exc.message)
         except ApiUnreachableError as exc:
             return RepairOutcome(node, RepairResult.ERROR, lowered, sent, str(exc))
-        return RepairOutcome(node, RepairResult.DRY_RUN if dry_run else RepairResult.REPAIRED, lowered, sent)
+        stored = stored_counts(answer if isinstance(answer, Mapping) else {}, lowered)
+        return RepairOutcome(node, RepairResult.DRY_RUN if dry_run else RepairResult.REPAIRED, lowered, sent,
+                             stored=stored)
     return RepairOutcome(node, RepairResult.CONFLICT, {}, sent, f"still conflicting after {sent} attempts")

@@ -9,10 +9,13 @@ watch, Node labels for the ceilings) and its policy store, so it costs no second
 
 Passes: at ``start`` (once the CSINode cache synced after this process became the leader), after every
 ``relist`` of the CSINode watch, after a ``policy-reload`` (a new policy generation) and every ``interval``
-seconds. A pass judges every record with :func:`webhook.admission.standing.judge_standing`, publishes the
+seconds. A pass judges every record with :func:`webhook.admission.standing.judge_standing` (admission's own judgement,
+with the same cluster view admission asks), publishes the
 ``csinode_guard_standing_violations`` gauge, sends an Event per new finding (deduplicated, rate-limited),
 writes an audit record per new or changed finding (``source: audit``), and with ``clamp`` lowers the counts
-through the apiserver (:func:`webhook.kube.repair.repair_csinode`, at the client-side write rate limit).
+through the apiserver (:func:`webhook.kube.repair.repair_csinode`, at the client-side write rate limit). A
+repair's audit records and Event give the count etcd holds after it (the update's answer: the guard's own
+admission judges the repair and may store less than the target), not the target.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from webhook.admission.csinode import CSINodeError, parse_csinode
+from webhook.admission.cluster import AttachError
+from webhook.admission.csinode import CSINodeError, format_count, parse_csinode
 from webhook.admission.policy import Policy
 from webhook.admission.standing import (
     ReconcileMode,
@@ -188,15 +192,11 @@ class AuditLoop:
     # --- one pass ---------------------------------------------------------------------------------------------
 
     def judge_all(self, policy: Policy, now: datetime) -> list[StandingJudgement]:
-        """Judge every CSINode in the cache (no I/O but the cache's locks)."""
-        store = self.view.csinode_store
-        judgements = []
-        for record in self.view.csinode_records():
-            node = record.csinode
-            labels = self.view.node_labels_for_audit(node.name)
-            judgements.append(judge_standing(node, record.decoded, policy, labels, now,
-                                             newest_sequence=store.newest_sequence(node.uid)))
-        return judgements
+        """Judge every CSINode in the cache (no I/O but the cache's locks), with admission's judgement and the
+        same cluster view admission asks (:class:`AuditClusterView`)."""
+        cluster = AuditClusterView(self.view)
+        return [judge_standing(record.csinode, record.decoded, policy, cluster, now, self.keys)
+                for record in self.view.csinode_records()]
 
     def run_pass(self, trigger: str, policy: Policy, generation: int) -> list[StandingJudgement]:
         """One audit pass (see the module docstring); returns its judgements."""
@@ -274,9 +274,8 @@ class AuditLoop:
             except CSINodeError:
                 return {}
             decoded = decode_state(node.annotations.get(STATE_ANNOTATION), node.uid, self.keys)
-            labels = self.view.node_labels_for_audit(node.name)
-            return judge_standing(node, decoded, policy, labels, datetime.now(UTC),
-                                  newest_sequence=self.view.csinode_store.newest_sequence(node.uid)).targets
+            return judge_standing(node, decoded, policy, AuditClusterView(self.view), datetime.now(UTC),
+                                  self.keys).targets
 
         return judge
 
@@ -286,11 +285,17 @@ class AuditLoop:
         if outcome.result is None:
             return
         lowered = outcome.lowered or dict(judgement.targets)
+        # What etcd holds after the repair (the update's answer), which admission may have lowered further than
+        # the target; the targets where the write was not stored.
+        held: Mapping[str, int | None] = (
+            {d: outcome.stored.get(d, c) for d, c in lowered.items()}
+            if outcome.result is RepairResult.REPAIRED else lowered
+        )
         for driver in lowered:
             audit_metrics.REPAIRS.labels(self._driver_label(driver), outcome.result.value).inc()
         log.log(logging.INFO if outcome.result in (RepairResult.REPAIRED, RepairResult.DRY_RUN) else logging.WARNING,
                 "repair of CSINode %s: %s %s%s", judgement.node, outcome.result.value,
-                ", ".join(f"{d} -> {c}" for d, c in sorted(lowered.items())),
+                ", ".join(f"{d} -> {format_count(held.get(d, c))}" for d, c in sorted(lowered.items())),
                 f" ({outcome.message})" if outcome.message else "")
         now = datetime.now(UTC)
         records = []
@@ -300,15 +305,54 @@ class AuditLoop:
             repaired = outcome.result is RepairResult.REPAIRED
             records.append(audit_record(f, now=now, trigger=trigger, policy_hash=policy.hash,
                                         policy_generation=generation, decision=outcome.result.value,
-                                        final=lowered[f.driver] if repaired else f.stored, message=outcome.message))
+                                        final=held.get(f.driver) if repaired else f.stored,
+                                        message=outcome.message))
         if records:
             self.audit.write(records)
         if outcome.result is RepairResult.REPAIRED:
-            note = "lowered " + ", ".join(f"{d} to {c}" for d, c in sorted(lowered.items())) + \
-                   " (spec.reconcile: clamp)"
-            key = "repaired/" + ",".join(f"{d}={c}" for d, c in sorted(lowered.items()))
+            final = {d: held.get(d) for d in lowered}
+            note = "lowered " + ", ".join(f"{d} to {format_count(c)}" for d, c in sorted(final.items())) + \
+                   " (spec.reconcile: clamp; the count stored now)"
+            key = "repaired/" + ",".join(f"{d}={format_count(c)}" for d, c in sorted(final.items()))
             self.events.emit(judgement.node, judgement.uid, key, reason="Reconciled", action="Reconcile", note=note,
                              warning=False, name=event_name(judgement.node, key))
+
+
+class AuditClusterView:
+    """The worker's :class:`~webhook.kube.watch.view.KubernetesClusterView` as the audit asks it: every answer
+    admission gets (driver versions, attach errors, update periods, the newest state sequence seen), the Node
+    labels read waiting for the cache's lock (the audit is off the admission path and has no time budget)."""
+
+    def __init__(self, view: KubernetesClusterView) -> None:
+        self._view = view
+
+    def node_labels(self, node: str) -> Mapping[str, str] | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.node_labels`."""
+        return self._view.node_labels_for_audit(node)
+
+    def kubelet_version(self, node: str) -> str | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.kubelet_version`."""
+        return self._view.kubelet_version(node)
+
+    def driver_update_period(self, driver: str) -> float | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.driver_update_period`."""
+        return self._view.driver_update_period(driver)
+
+    def driver_version(self, node: str, driver: str) -> str | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.driver_version`."""
+        return self._view.driver_version(node, driver)
+
+    def attach_errors(self, node: str, driver: str, since: datetime) -> Sequence[AttachError] | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.attach_errors`."""
+        return self._view.attach_errors(node, driver, since)
+
+    def attached_volumes(self, node: str, driver: str) -> int | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.attached_volumes`."""
+        return self._view.attached_volumes(node, driver)
+
+    def newest_state_sequence(self, uid: str) -> int | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.newest_state_sequence`."""
+        return self._view.newest_state_sequence(uid)
 
 
 def build_audit_loop(settings: AuditSettings, view: Any, policies: Any, keys: StateKeys, audit: Any,

@@ -43,6 +43,9 @@ Reconciliation: the signed state records the last count the guard accepted. When
 (the guard down under ``failurePolicy: Ignore``), the object's count differs from it: a lower one counts as
 accepted, a higher one is judged as a change from the last accepted count (and is never refused for an entry
 the write does not touch).
+
+One judgement: the background audit and ``status`` judge a stored object through these same stages, as its
+kubelet's no-op write (:mod:`.stored`), so they allow for each entry the count admission allows.
 """
 
 from __future__ import annotations

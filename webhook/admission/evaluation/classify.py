@@ -137,8 +137,13 @@ def classify(
     mode: Mode,
     old: CSINode,
     new: CSINode,
+    *,
+    decoded: DecodedState | None = None,
 ) -> Write:
-    """Classify the CREATE or UPDATE ``request`` of ``old`` (an empty CSINode at CREATE) into ``new``."""
+    """Classify the CREATE or UPDATE ``request`` of ``old`` (an empty CSINode at CREATE) into ``new``.
+
+    ``decoded`` is ``old``'s state when the caller decoded it already (the audit's watch cache verified it; ``status``
+    without the key reads it unverified); None: decoded here from ``old``'s annotation with ``keys``."""
     node = new.name or old.name or request.name
     uid = old.uid or new.uid
     labels = cluster.node_labels(node)
@@ -151,7 +156,9 @@ def classify(
         is_listed_writer=policy.writers.contains(request.username, request.groups),
     )
     newest = cluster.newest_state_sequence(uid) if uid else None
-    decoded = checked_for_replay(decode_state(old.annotations.get(STATE_ANNOTATION), uid, keys), newest)
+    if decoded is None:
+        decoded = decode_state(old.annotations.get(STATE_ANNOTATION), uid, keys)
+    decoded = checked_for_replay(decoded, newest)
     state = decoded.state
     # Once judged in the enforcement scope, an object stays in it: the node can remove a label from itself.
     pinned = state is not None and key is not None and state.scope == key
@@ -219,8 +226,8 @@ class _Changes:
             entry = entries.get(name)
             if name in touched or name not in old.drivers:
                 continue
-            if entry is None:
-                found = _stateless(node, policy, labels, name, driver.allocatable_count, driver.position)
+            if entry is None or not above(driver.allocatable_count, entry.count):
+                found = _beyond_ceiling(node, policy, labels, name, driver.allocatable_count, driver.position, entry)
                 if found is not None:
                     notes.append(found[1])
                     soft.add(name)
@@ -258,23 +265,30 @@ class _Changes:
         return (create or self.structural_kind) and not increase and writer.is_node_kubelet
 
 
-def _stateless(node: str, policy: Policy, labels: Mapping[str, str] | None, name: str, count: int | None,
-               position: int) -> tuple[CountChange, Note] | None:
-    """An entry the write does not touch and the state has no entry for (it went through unjudged, or its state
-    was removed or replayed): judged by the stateless rules -- unbounded where the driver has a finite ceiling,
-    2147483647, above the ceiling -- as a registration of its stored count, clamped, never refused. None when
-    there is nothing to judge."""
+def _beyond_ceiling(node: str, policy: Policy, labels: Mapping[str, str] | None, name: str, count: int | None,
+                    position: int, entry: EntryState | None) -> tuple[CountChange, Note] | None:
+    """An entry the write does not touch, stored at or below the last count the guard accepted for it (``entry``),
+    or without a state entry (``entry`` None: it went through unjudged, or its state was removed or replayed):
+    judged by the stateless rules -- unbounded where the driver has a finite ceiling, 2147483647, above the
+    ceiling (the one pinned for the entry) -- as a registration of its stored count from the accepted one,
+    clamped, never refused. A count the guard accepted stands above its ceiling only when the policy was
+    tightened since. None when there is nothing to judge (the common case: one ceiling lookup per entry).
+
+    The audit and ``status`` judge a stored object as this very write (:mod:`webhook.admission.standing`), so a
+    standing count above a tightened ceiling is lowered by the next write as the audit would lower it."""
     dp = policy.for_driver(name)
-    ceiling = pin_ceiling(dp.ceiling, labels, None).ceiling
+    ceiling = pin_ceiling(dp.ceiling, labels, entry.pinned if entry is not None else None).ceiling
     if ceiling is None and count is not None and count < INT32_MAX:
         return None
     if ceiling is not None and count is not None and count <= ceiling:
         return None
     if ceiling is None and count is None:
         return None
-    note = Note(
-        f"{node}/{name}: the stored count {format_count(count)} has no state entry (it went through "
-        "unjudged); judged by the ceilings now",
-        name,
-    )
-    return CountChange(node, name, None, count, position, registration=True), note
+    if entry is None:
+        why = "has no state entry (it went through unjudged); judged by the ceilings now"
+    else:
+        why = (f"is above its ceiling, although csinode-guard accepted {format_count(entry.count)} (the policy "
+               "changed since); judged by the ceilings now")
+    note = Note(f"{node}/{name}: the stored count {format_count(count)} {why}", name)
+    old = entry.count if entry is not None else None
+    return CountChange(node, name, old, count, position, registration=True), note
