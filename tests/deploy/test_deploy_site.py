@@ -186,7 +186,7 @@ def test_the_site_builds_strictly_and_its_policy_reference_has_every_schema_fiel
             names |= _schema_paths(definition, {})
         missing = sorted(n for n in names if not re.search(rf"(^|[.\s]){re.escape(n)}(\s|$)", page, re.M))
         assert not missing, f"the policy reference lacks {name} fields {missing}"
-    assert "reconcile: report" in page, "the bundled default policy is the reference's example"
+    assert "reconcile: clamp" in page, "the bundled default policy is the reference's example"
 
 
 def test_the_cli_reference_documents_every_subcommand(site: Path) -> None:
