@@ -20,7 +20,7 @@ from tests.k8s.realnode.policy import hostpath_policy
 from webhook.admission.state import parse_time
 
 STATE = "csinode-guard.io/state"
-FREEZE = "30s"
+FREEZE = "20s"
 
 
 def records(guard: Guard, node: RealNode, **match: Any) -> list[dict[str, Any]]:
