@@ -43,6 +43,8 @@ def real_node_pods(namespace: str, node: str, n: int) -> list[dict[str, Any]]:
 def test_the_real_scheduler_binds_as_many_volume_pods_as_the_guarded_count_on_a_real_node(
     real_node: RealNode, guard_factory: Any, tmp_path: Path
 ) -> None:
+    """The driver reports 9, the ceiling is 6: 6 of 9 volume pods bound, 3 ``exceed max volume count``; the ceiling
+    raised to 8: kubelet's next refresh stores 8 and the scheduler binds 2 more. Real kubelet: see the module."""
     node = real_node
     policy = hostpath_policy(tmp_path / "policy.yaml", ceiling=CEILING)
     guard: Guard = guard_factory(policy)
