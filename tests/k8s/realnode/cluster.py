@@ -101,6 +101,16 @@ def settled_leftovers(directory: Path, wait: float = 30.0) -> list[str]:
         time.sleep(0.5)
 
 
+def cpu_seconds(*pids: str) -> float:
+    """User + system CPU seconds the processes ``pids`` have used so far (``/proc/PID/stat``; 0 for a gone one)."""
+    total = 0
+    for pid in pids:
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of proc(5))
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def audit_time(event: dict[str, Any]) -> datetime:
     """An audit event's ``stageTimestamp`` (``2026-12-04T18:45:25.790123Z``) as an aware datetime."""
     return datetime.fromisoformat(str(event["stageTimestamp"]).replace("Z", "+00:00"))
@@ -137,6 +147,8 @@ class RealCluster:
     control_plane: ControlPlane
     node_sh: Path
     nodes: dict[str, RealNode] = field(default_factory=dict)
+    node_cpu: list[float] = field(default_factory=list)
+    """CPU seconds each stopped node's kubelet and containerd used."""
 
     @classmethod
     @contextlib.contextmanager
@@ -154,6 +166,10 @@ class RealCluster:
             cp.kubectl("apply", "-f", str(cluster_sh.parent / "manifests" / "csidriver-hostpath.yaml"))
             yield cluster
         finally:
+            if cp.env:
+                used = cpu_seconds(*(cp.env.get(k, "") for k in ("ETCD_PID", "KAS_PID", "SCHED_PID", "KCM_PID")))
+                print(f"\n[real cluster] control plane CPU {used:.1f}s, nodes' kubelet + containerd CPU "
+                      f"{sum(cluster.node_cpu):.1f}s ({len(cluster.node_cpu)} nodes)")
             cp.stop()
             left = settled_leftovers(directory)
             if left:
@@ -338,6 +354,7 @@ class RealNode:
         the Node (the garbage collector deletes its CSINode); AssertionError when a process or mount is left."""
         self.cp.kubectl("delete", "daemonset", "-n", NAMESPACE, self.daemonset, "--wait=false", "--ignore-not-found",
                         check=False)
+        self.cluster.node_cpu.append(cpu_seconds(self.env["KUBELET_PID"], self.env["CONTAINERD_PID"]))
         self.cluster.node_sh_run("stop", str(self.cluster.dir), self.name)
         self.cp.kubectl("delete", "node", self.name, "--wait=false", "--ignore-not-found", check=False)
         self.cluster.nodes.pop(self.name, None)
