@@ -51,13 +51,21 @@ NOT_REGISTERED = "plugin_registered:false"
 """... and when kubelet reported the registration failed (the registrar then exits and its container restarts)."""
 
 
-def require_real_node(cluster_sh: Path) -> Path:
+NODE_BINARIES = ("kube-controller-manager", "kubelet", "hostpathplugin", "csi-node-driver-registrar", "pause")
+"""What a real node needs besides the control plane's binaries, in ``K8S_BIN_DIR`` when one is given."""
+
+
+def require_real_node(cluster_sh: Path, start_env: dict[str, str]) -> Path:
     """``node.sh`` next to ``cluster_sh`` when this machine can run a real node, else
-    :class:`ControlPlaneUnavailable` naming what is missing (root, containerd, runc, ctr, the CNI loopback plugin)."""
+    :class:`ControlPlaneUnavailable` naming what is missing (root, containerd, runc, ctr, the CNI loopback plugin,
+    :data:`NODE_BINARIES` in ``start_env``'s ``K8S_BIN_DIR``)."""
     node_sh = cluster_sh.parent / "node.sh"
     missing = []
     if not node_sh.is_file():
         missing.append(str(node_sh))
+    bin_dir = start_env.get("K8S_BIN_DIR")
+    if bin_dir:
+        missing += [f"{bin_dir}/{b}" for b in NODE_BINARIES if not os.access(Path(bin_dir) / b, os.X_OK)]
     if os.geteuid() != 0:
         missing.append("root")
     search = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
@@ -66,8 +74,8 @@ def require_real_node(cluster_sh: Path) -> Path:
         missing.append("the CNI loopback plugin (/usr/lib/cni/loopback)")
     if missing:
         raise ControlPlaneUnavailable(
-            f"no real node possible: missing {', '.join(missing)} "
-            "(apt-get install -y containerd runc containernetworking-plugins, as root)"
+            f"no real node possible: missing {', '.join(missing)} (Debian: apt-get install -y containerd runc "
+            "containernetworking-plugins, as root; the binaries: ../shared/k8s/bin)"
         )
     return node_sh
 
@@ -157,7 +165,7 @@ class RealCluster:
         (``nodeAllocatableUpdatePeriodSeconds: 10``), and on exit stop it (``cluster.sh stop`` stops every node
         first), check that no process or mount names the directory (AssertionError listing them, and the directory
         is kept for a look) and remove it."""
-        node_sh = require_real_node(cluster_sh)
+        node_sh = require_real_node(cluster_sh, start_env)
         directory = Path(tempfile.mkdtemp(prefix="k8s", dir="/tmp"))
         cp = ControlPlane(directory, cluster_sh, {**start_env, "K8S_CONTROLLER_MANAGER": "1"})
         cluster = cls(cp, node_sh)

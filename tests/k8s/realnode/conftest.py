@@ -33,7 +33,7 @@ def real_cluster() -> Iterator[RealCluster]:
     try:
         cluster_sh, start_env = discover()
         kubectl_binary()
-        require_real_node(cluster_sh)
+        require_real_node(cluster_sh, start_env)
     except ControlPlaneUnavailable as exc:
         message = f"{UNAVAILABLE}: {exc}"
         if os.environ.get(REQUIRE_ENV) == "1":
