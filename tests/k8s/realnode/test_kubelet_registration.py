@@ -102,10 +102,16 @@ def test_a_registration_while_the_guard_is_down_is_repaired_by_the_audit_without
     node.wait_registered(replacing=first)
     wait_until(lambda: node.count() == 12, timeout=30, what="the registration stored unjudged (Ignore)")
     assert node.ready()
+    unjudged = node.kubelet_writes()[-1]
+    assert (unjudged.sent, unjudged.stored) == ({DRIVER: 12}, {DRIVER: 12}), unjudged.line
+    # kubelet's refresh finds NodeGetInfo's 12 stored: it reads, and writes nothing the guard could judge
+    wait_until(lambda: [t for t in node.kubelet_reads() if t > unjudged.time], timeout=40,
+               what="a periodic read after the unjudged registration")
 
     guard.start()
     wait_until(lambda: node.count() == CEILING, timeout=60, what="the audit repairs 12 -> 6")
     repaired_at = len(node.kubelet_writes())
+    assert node.kubelet_writes()[repaired_at - 1] == unjudged, "no kubelet write between the two: only the audit"
     wait_until(lambda: len(node.kubelet_writes()) >= repaired_at + 3, timeout=60,
                what="three periodic refreshes after the repair")
 
