@@ -10,6 +10,12 @@
   tests that need their own policy, several guards, or one not registered yet; all are cleaned up.
 - ``prometheus`` (session scope): a real Prometheus with the monitoring overlay's rules (:mod:`tests.k8s.prometheus`).
 
+kubelet's CSINode writes are made with ``kubelet-csinode`` (kubelet's own ``nodeinfomanager`` code in a harness)
+wherever a test needs a write at a moment, with a count, or from a node a real driver cannot be made to give (a
+registration racing a repair, a count of 39 then 20, an install over a registered entry); what
+the kubelet itself decides (its plugin watcher, its periodic refresh, a DaemonSet rollout) is tested on a real
+kubelet in ``tests/k8s/realnode``, whose tests say why.
+
 Tests share their worker's cluster: each uses its own node names (:func:`tests.k8s.controlplane.unique`) and
 leaves no webhook configuration behind (the guard fixtures remove theirs even when the test fails).
 """
