@@ -71,6 +71,7 @@ def test_base_holds_every_object_an_installation_needs(rendered: dict[str, Objec
         ("ClusterRoleBinding", "csinode-guard-ca-injector"),
         ("Deployment", NAME),
         ("MutatingWebhookConfiguration", NAME),
+        ("MutatingWebhookConfiguration", f"{NAME}-nodes"),
         ("Namespace", NAMESPACE),
         ("NetworkPolicy", NAME),
         ("PodDisruptionBudget", NAME),
@@ -268,6 +269,9 @@ def test_the_guard_keeps_only_its_own_secrets_and_webhook_configurations(rendere
         {(NAMESPACE, "", f"secrets/{name}", verb) for name in ("csinode-guard-tls", "csinode-guard-state-key")
          for verb in keep}
         | {("*", group, f"{kind}/{NAME}", verb) for verb in keep
+           for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")}
+        # the Node entry's configuration (its caBundle is filled in the same way)
+        | {("*", group, f"{kind}/{NAME}-nodes", verb) for verb in keep
            for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")}
     )
     assert _grants(rendered["base"], by_name=True) == expected

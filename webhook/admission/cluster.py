@@ -78,6 +78,12 @@ class ClusterView(Protocol):
         """Labels of the Node named ``node`` (the CSINode's name), or None when unknown."""
         ...
 
+    def vouched_node_labels(self, node: str) -> Mapping[str, str] | None:
+        """The Node's labels a ceiling may be selected by, or None when unknown: those the node's kubelet cannot set
+        and those whose value an identity other than the node set, as the guard's signed record on the Node says
+        (:mod:`webhook.admission.label_provenance`). A label the node set itself is left out."""
+        ...
+
     def kubelet_version(self, node: str) -> str | None:
         """``status.nodeInfo.kubeletVersion`` of the Node, e.g. ``v1.35.1``, or None when unknown."""
         ...
@@ -112,7 +118,9 @@ class ClusterView(Protocol):
 class StaticClusterView:
     """An in-memory :class:`ClusterView` built from plain values; anything not given is unknown (None).
 
-    ``nodes`` maps node name -> {"labels": {...}, "kubeletVersion": "v1.35.0"}; ``driver_periods`` maps driver
+    ``nodes`` maps node name -> {"labels": {...}, "kubeletVersion": "v1.35.0", "vouchedLabels": {...}}
+    (``vouchedLabels``, the labels a ceiling may be selected by, defaults to ``labels``: offline facts are the
+    operator's own); ``driver_periods`` maps driver
     -> seconds; ``driver_versions`` maps node -> driver -> version; ``attach_error_list`` maps (node, driver)
     -> errors; ``attached`` maps (node, driver) -> count. ``known_attach_errors`` says whether an absent
     (node, driver) means "no errors" (True) or "unknown" (False). ``state_sequences`` maps a CSINode's UID to
@@ -133,6 +141,14 @@ class StaticClusterView:
         if info is None:
             return None
         labels = info.get("labels")
+        return dict(labels) if isinstance(labels, Mapping) else {}
+
+    def vouched_node_labels(self, node: str) -> Mapping[str, str] | None:
+        """See :meth:`ClusterView.vouched_node_labels`: ``vouchedLabels``, else ``labels``."""
+        info = self.nodes.get(node)
+        if info is None:
+            return None
+        labels = info.get("vouchedLabels", info.get("labels"))
         return dict(labels) if isinstance(labels, Mapping) else {}
 
     def kubelet_version(self, node: str) -> str | None:
@@ -169,6 +185,10 @@ class UnknownClusterView:
     """A :class:`ClusterView` that knows nothing: the offline default when no cluster is configured."""
 
     def node_labels(self, node: str) -> Mapping[str, str] | None:
+        """Always unknown."""
+        return None
+
+    def vouched_node_labels(self, node: str) -> Mapping[str, str] | None:
         """Always unknown."""
         return None
 

@@ -29,8 +29,10 @@ from webhook.kube.registration import (
     SERVICE_PORT,
     VALIDATE_PATH,
     WebhookTarget,
+    build_node_webhook_configuration,
     build_webhook_configurations,
     dump_yaml,
+    node_configuration_name,
 )
 
 FIELD_MANAGER = "csinode-guard"
@@ -212,7 +214,8 @@ def register(
         ca_bundle=pem,
         url=url,
     )
-    objects = build_webhook_configurations(target, name=name, validation=validation)
+    objects = [*build_webhook_configurations(target, name=name, validation=validation),
+               build_node_webhook_configuration(target, name=name)]
     described = _describe_ca(path, certificates, datetime.now(UTC))
     if dry_run:
         for line in described:
@@ -224,7 +227,7 @@ def register(
     with connect(kubeconfig, context) as client:
         for obj in objects:
             resource = kubeapi.RESOURCES_BY_KIND[str(obj["kind"])]
-            what = resource.describe(name)
+            what = resource.describe(str(obj["metadata"]["name"]))
             try:
                 outcome = apply_configuration(client, obj)
             except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
@@ -249,10 +252,12 @@ def unregister(*, name: str, dry_run: bool, kubeconfig: str | None, context: str
     """
     failures = 0
     with connect(kubeconfig, context) as client:
-        for resource in (kubeapi.MUTATING_WEBHOOK_CONFIGURATIONS, kubeapi.VALIDATING_WEBHOOK_CONFIGURATIONS):
-            what = resource.describe(name)
+        for resource, named in ((kubeapi.MUTATING_WEBHOOK_CONFIGURATIONS, name),
+                                (kubeapi.VALIDATING_WEBHOOK_CONFIGURATIONS, name),
+                                (kubeapi.MUTATING_WEBHOOK_CONFIGURATIONS, node_configuration_name(name))):
+            what = resource.describe(named)
             try:
-                client.delete(resource, name, dry_run=dry_run)
+                client.delete(resource, named, dry_run=dry_run)
             except kubeapi.KubeApiError as exc:
                 if exc.not_found:
                     click.echo(f"{what} not found (already removed)")
@@ -266,4 +271,4 @@ def unregister(*, name: str, dry_run: bool, kubeconfig: str | None, context: str
                 continue
             click.echo(f"{what} {'would be deleted (server dry run)' if dry_run else 'deleted'}")
     if failures:
-        raise click.ClickException(f"{failures} of 2 configurations could not be deleted (see above)")
+        raise click.ClickException(f"{failures} of 3 configurations could not be deleted (see above)")

@@ -45,8 +45,9 @@ class Write(NamedTuple):
     """One classified write: the inputs, and what was decided about them once.
 
     ``node`` the CSINode's name; ``create`` a CREATE; ``uid`` the object's UID (at CREATE none yet: no state can
-    be signed); ``exempt`` the requester is exempt (judged as a dry run); ``labels`` the Node's labels (None =
-    unknown); ``scope_key`` the scope as the state records it, ``scope_matched`` the labels select the node,
+    be signed); ``exempt`` the requester is exempt (judged as a dry run); ``labels`` the Node's labels a ceiling
+    may be selected by (:meth:`ClusterView.vouched_node_labels`: not those the node set itself; None = unknown);
+    ``scope_key`` the scope as the state records it, ``scope_matched`` all its labels select the node,
     ``scope_pinned`` the verified state pinned it, ``in_scope`` either; ``decoded`` the verified state
     (``state`` None when missing, invalid or replayed), ``base_sequence`` the sequence the next state follows;
     ``entries`` the state's entries; ``changes`` the changes to judge (in the object's order, then the
@@ -141,9 +142,10 @@ def classify(
     """Classify the CREATE or UPDATE ``request`` of ``old`` (an empty CSINode at CREATE) into ``new``."""
     node = new.name or old.name or request.name
     uid = old.uid or new.uid
-    labels = cluster.node_labels(node)
     key = scope_key(policy)
-    matched = in_scope(policy, labels)
+    matched = in_scope(policy, cluster.node_labels(node))
+    # Ceilings are selected only by labels the node did not set itself (label_provenance): the scope by all.
+    labels = cluster.vouched_node_labels(node)
     writer = Writer(
         username=request.username,
         groups=request.groups,

@@ -33,6 +33,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from webhook.admission.cluster import AttachError, PodVersionSource
+from webhook.admission.label_provenance import vouched_labels
 from webhook.admission.state import StateKeys
 from webhook.kube.watch import metrics
 from webhook.kube.watch.csinodes import CSINodeRecord, CSINodeStore, IncreaseLedger, make_parser
@@ -43,6 +44,7 @@ from webhook.kube.watch.records import (
     PodRecord,
     VolumeAttachmentRecord,
     lowest_version,
+    make_node_parser,
     parse_csidriver,
     parse_node,
     parse_pod,
@@ -100,7 +102,8 @@ class KubernetesClusterView:
         self._settings = settings or CacheSettings()
         self._budget = self._settings.lookup_budget
         self._max_staleness = self._settings.max_staleness
-        self.nodes: Reflector[NodeRecord] = self._reflector("nodes", "/api/v1/nodes", parse_node, Store("nodes"))
+        node_parser = parse_node if state_keys is None else make_node_parser(state_keys)
+        self.nodes: Reflector[NodeRecord] = self._reflector("nodes", "/api/v1/nodes", node_parser, Store("nodes"))
         self.csidrivers: Reflector[CSIDriverRecord] = self._reflector(
             "csidrivers", "/apis/storage.k8s.io/v1/csidrivers", parse_csidriver, Store("csidrivers")
         )
@@ -296,6 +299,17 @@ class KubernetesClusterView:
         """Labels of Node ``node`` (read-only mapping), or None when unknown (no such Node, or cache unknown)."""
         record = self._get(self.nodes, node)
         return None if record is None else MappingProxyType(record.labels)
+
+    def vouched_node_labels(self, node: str) -> Mapping[str, str] | None:
+        """The labels of Node ``node`` a ceiling may be selected by (:meth:`ClusterView.vouched_node_labels`): those
+        the node cannot set and those the guard's verified record says an identity other than the node set; None
+        when unknown. Without the state keys: only the labels the node cannot set."""
+        record = self._get(self.nodes, node)
+        if record is None:
+            return None
+        if record.vouched is None:
+            return MappingProxyType(vouched_labels(record.labels, {}))
+        return MappingProxyType(record.vouched)
 
     def kubelet_version(self, node: str) -> str | None:
         """``status.nodeInfo.kubeletVersion`` of Node ``node`` (``v1.35.1``), or None when unknown."""
