@@ -78,10 +78,12 @@ def test_base_holds_every_object_an_installation_needs(rendered: dict[str, Objec
         ("Role", "csinode-guard-audit-events"),
         ("Role", "csinode-guard-audit-lease"),
         ("Role", "csinode-guard-driver-pods"),
+        ("Role", "csinode-guard-node-history"),
         ("Role", "csinode-guard-secrets"),
         ("RoleBinding", "csinode-guard-audit-events"),
         ("RoleBinding", "csinode-guard-audit-lease"),
         ("RoleBinding", "csinode-guard-driver-pods"),
+        ("RoleBinding", "csinode-guard-node-history"),
         ("RoleBinding", "csinode-guard-secrets"),
         ("Service", NAME),
         ("ServiceAccount", NAME),
@@ -100,7 +102,8 @@ def test_every_object_carries_the_name_label_and_an_explicit_namespace(
         if obj["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in meta, where
         elif obj["kind"] in ("Role", "RoleBinding") and meta["name"] != "csinode-guard-secrets":
-            expected = {"csinode-guard-audit-lease": NAMESPACE, "csinode-guard-audit-events": "default"}
+            expected = {"csinode-guard-audit-lease": NAMESPACE, "csinode-guard-audit-events": "default",
+                        "csinode-guard-node-history": NAMESPACE}
             assert meta["namespace"] == expected.get(meta["name"], "kube-system"), where
         else:
             assert meta["namespace"] == NAMESPACE, where
@@ -258,6 +261,8 @@ def test_the_guard_can_only_read_what_its_cluster_view_needs_and_write_what_its_
         # its Lease (leader election) and its Events about CSINodes (which must live in default)
         | {(NAMESPACE, "coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
         | {("default", "events.k8s.io", "events", "create")}
+        # the nodes' history records: every replica watches them, the audit leader writes them
+        | {(NAMESPACE, "", "configmaps", verb) for verb in (*read, "create", "update", "delete")}
     )
     assert _grants(rendered["base"]) == expected
 

@@ -43,6 +43,7 @@ from webhook.admission.state import STATE_ANNOTATION, StateKeys, decode_state
 from webhook.kube.events import EventRecorder, event_name
 from webhook.kube.kubeapi import KubeClient
 from webhook.kube.leader import LeaderElector, LeaseSettings
+from webhook.kube.node_history import HistoryWriter
 from webhook.kube.repair import RepairRateLimiter, RepairResult, repair_csinode
 from webhook.kube.watch.view import KubernetesClusterView
 from webhook.serving import audit_metrics
@@ -106,6 +107,9 @@ class AuditLoop:
         self._lock_fd: int | None = None
         self._published: set[tuple[str, str]] = set()
         self._recorded: dict[tuple[str, str], str] = {}
+        self.history: HistoryWriter | None = None
+        if view.history_namespace:
+            self.history = HistoryWriter(client, view.history_namespace, keys, view.retained_state)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
 
@@ -165,6 +169,7 @@ class AuditLoop:
                 if not self.elector.is_leader or not self.view.csinodes_fresh():
                     leading = leading and self.elector.is_leader
                     continue
+                self._sync_history()
                 trigger = None
                 store = self.view.csinode_store
                 snapshot = self.policies.current()
@@ -184,6 +189,16 @@ class AuditLoop:
                 last_pass = time.monotonic()
             except Exception:
                 log.exception("audit pass failed; retrying at the next trigger")
+
+    def _sync_history(self) -> None:
+        """Copy the CSINodes' newest verified states into the nodes' history records (the leader's job, at every
+        poll of the loop: a record lags its CSINode by at most ``poll`` seconds; :mod:`webhook.kube.node_history`)."""
+        if self.history is None or self.view.histories is None or not self.view.histories.fresh(
+                time.monotonic(), self.settings.lease_duration):
+            return
+        written = self.history.sync(self.view.csinode_records(), datetime.now(UTC), self.view.retained_records())
+        if written:
+            log.info("node history: %d record(s) written", written)
 
     # --- one pass ---------------------------------------------------------------------------------------------
 

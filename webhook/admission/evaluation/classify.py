@@ -28,6 +28,7 @@ from webhook.admission.cluster import ClusterView
 from webhook.admission.csinode import INT32_MAX, CountChange, CSINode, diff_drivers, format_count, removed_drivers
 from webhook.admission.decision import Mode, Note
 from webhook.admission.evaluation.annotations import Declarations, read_annotations
+from webhook.admission.node_history import retained_guard_state
 from webhook.admission.policy import Policy
 from webhook.admission.review import AdmissionRequest
 from webhook.admission.rules.base import Writer
@@ -35,6 +36,7 @@ from webhook.admission.state import (
     STATE_ANNOTATION,
     DecodedState,
     EntryState,
+    GuardState,
     StateKeys,
     StateProblem,
     decode_state,
@@ -129,6 +131,12 @@ def checked_for_replay(decoded: DecodedState, newest: int | None) -> DecodedStat
     return decoded
 
 
+def retained_history(cluster: ClusterView, node: str, keys: StateKeys) -> GuardState | None:
+    """The node's retained state (:mod:`webhook.admission.node_history`), verified; None when there is none."""
+    retained = cluster.retained_state(node)
+    return retained_guard_state(retained, keys) if retained is not None else None
+
+
 def classify(
     request: AdmissionRequest,
     policy: Policy,
@@ -155,6 +163,10 @@ def classify(
     newest = cluster.newest_state_sequence(uid) if uid else None
     decoded = checked_for_replay(decode_state(old.annotations.get(STATE_ANNOTATION), uid, keys), newest)
     state = decoded.state
+    if state is None:
+        # No usable state on the object (a CREATE, a re-created CSINode, a removed or replayed state): the node's
+        # history, kept by name where only the guard writes, carries what the guard trusted about it.
+        state = retained_history(cluster, node, keys)
     # Once judged in the enforcement scope, an object stays in it: the node can remove a label from itself.
     pinned = state is not None and key is not None and state.scope == key
     entries: Mapping[str, EntryState] = state.entries if state is not None else {}
@@ -172,7 +184,7 @@ def classify(
         key, matched, pinned, matched or pinned,  # scope_key, scope_matched, scope_pinned, in_scope
         decoded,
         # base_sequence: past the stored one and past the newest any replica saw for the object.
-        max(state.sequence if state is not None else 0, newest or 0),
+        max(decoded.state.sequence if decoded.state is not None else 0, newest or 0),
         entries, changes.judged, never_refused,
         frozenset(changes.soft), changes.stored_before, tuple(changes.notes),  # soft_drivers, stored_before, notes
         declarations,
