@@ -118,3 +118,47 @@ def test_the_state_written_on_the_new_object_carries_the_retained_history_forwar
     if states:  # a state is written only when there is something to record
         state = decode_state(states[-1], "new-uid", KEYS).state
         assert state is not None and state.entries[EBS].count == 10
+
+
+# --- the leader's writer, against the API-wire test server --------------------------------------------------------
+
+
+def _record(node: str, uid: str, count: int) -> Any:
+    from webhook.admission.csinode import parse_csinode  # noqa: PLC0415
+    from webhook.admission.state import STATE_ANNOTATION  # noqa: PLC0415
+    from webhook.kube.watch.csinodes import make_parser  # noqa: PLC0415
+
+    state = GuardState(uid, {EBS: EntryState(count, NOW)}, sequence=1)
+    obj = base_csinode()
+    obj["metadata"].update({"name": node, "uid": uid, "resourceVersion": "1",
+                            "annotations": {STATE_ANNOTATION: encode_state(state, KEYS)}})
+    parsed = make_parser(KEYS)(obj)
+    assert parsed is not None and parsed.decoded.state is not None, parse_csinode(obj)
+    return parsed
+
+
+def test_the_leader_writes_a_record_once_and_deletes_old_records_of_gone_nodes(kubeconfig: str, apiserver: Any) -> None:
+    from webhook.admission.node_history import RETENTION_SECONDS  # noqa: PLC0415
+    from webhook.kube.kubeapi import KubeClient, load_api_client  # noqa: PLC0415
+    from webhook.kube.node_history import HistoryWriter  # noqa: PLC0415
+
+    held: dict[str, RetainedState] = {}
+    writer = HistoryWriter(KubeClient(load_api_client(kubeconfig)), "csinode-guard", KEYS, held.get)
+    assert writer.sync([_record("node-a", "uid-a", 10)], NOW) == 1
+    stored = apiserver.get("configmaps", history_object_name("node-a"), "csinode-guard")
+    back = make_history_parser(KEYS)(stored)
+    assert back is not None and back.uid == "uid-a" and retained_guard_state(back, KEYS).entries[EBS].count == 10
+    held["node-a"] = back
+    assert writer.sync([_record("node-a", "uid-a", 10)], NOW) == 0, "nothing new: no write"
+    assert writer.sync([_record("node-a", "uid-b", 10)], NOW) == 1, "a re-created CSINode's state: written"
+
+    old = RetainedState("gone", "uid-g", "", retained(uid="uid-g", node="gone").state,
+                        NOW - timedelta(seconds=RETENTION_SECONDS + 1))
+    recent = RetainedState("away", "uid-w", "", retained(uid="uid-w", node="away").state, NOW - timedelta(days=1))
+    for held_record in (old, recent):
+        apiserver.create("configmaps", {"metadata": {"name": history_object_name(held_record.node),
+                                                     "namespace": "csinode-guard"},
+                                        "data": {"record": encode_history(held_record, KEYS)}}, "csinode-guard")
+    writer.sync([_record("node-a", "uid-b", 10)], NOW, [old, recent])
+    assert apiserver.get("configmaps", history_object_name("gone"), "csinode-guard") is None
+    assert apiserver.get("configmaps", history_object_name("away"), "csinode-guard") is not None
