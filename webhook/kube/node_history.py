@@ -67,9 +67,9 @@ class HistoryWriter:
             if state is None or not uid:
                 continue
             value = encode_state(state, self.keys)
-            if self._written.get(node) == (uid, value):
-                continue
             current = self.read(node)
+            if self._written.get(node) == (uid, value) and current is not None:
+                continue  # written by this process (the cache may lag its own write by an event)
             if current is not None and current.uid == uid and current.state == value:
                 self._written[node] = (uid, value)
                 continue
