@@ -17,13 +17,15 @@ from tests.apiserver import FakeApiServer
 from tests.clirun import run_cli
 from webhook.cli import main
 from webhook.kube.kubeapi import parse_warnings
-from webhook.kube.registration import WebhookTarget, build_webhook_configurations
+from webhook.kube.registration import WebhookTarget, build_node_webhook_configuration, build_webhook_configurations
 from webhook.serving import cert_rotation, dev_certs
 
 REPO = Path(__file__).resolve().parent.parent
 MUTATING = "mutatingwebhookconfigurations.admissionregistration.k8s.io"
 VALIDATING = "validatingwebhookconfigurations.admissionregistration.k8s.io"
 NAME = "csinode-guard"
+NODES = "csinode-guard-nodes"
+"""The Node entry's configuration (label provenance), registered and removed with the two CSINode ones."""
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +53,12 @@ def expected(cert_dir: Path, bundle_file: str = "ca-bundle.crt", validation: str
              **target: Any) -> list[dict[str, Any]]:
     """What register builds; ``validation`` ``cel`` is what its default (auto) chooses on a cluster where no
     other mutator matches CSINodes, as on this test's apiserver."""
-    return build_webhook_configurations(WebhookTarget(ca_bundle=(cert_dir / bundle_file).read_bytes(), **target),
-                                        validation=validation)
+    built = WebhookTarget(ca_bundle=(cert_dir / bundle_file).read_bytes(), **target)
+    return [*build_webhook_configurations(built, validation=validation), build_node_webhook_configuration(built)]
 
 
 def stored(apiserver: FakeApiServer) -> list[dict[str, Any]]:
-    objects = [apiserver.get(MUTATING, NAME), apiserver.get(VALIDATING, NAME)]
+    objects = [apiserver.get(MUTATING, NAME), apiserver.get(VALIDATING, NAME), apiserver.get(MUTATING, NODES)]
     assert all(objects), objects
     return [o for o in objects if o is not None]
 
@@ -81,6 +83,7 @@ def test_register_creates_both_configurations_with_the_cert_dirs_bundle(
     assert result.returncode == 0, result.stderr
     assert f"{MUTATING}/{NAME} created" in result.stdout
     assert f"{VALIDATING}/{NAME} created" in result.stdout
+    assert f"{MUTATING}/{NODES} created" in result.stdout
     assert f"caBundle: 1 certificate(s) from {cert_dir / 'ca-bundle.crt'}" in result.stdout
     assert "validation cel: auto: no other mutating webhook or policy matches CSINodes, so one call" in result.stdout
     objects = stored(apiserver)
@@ -89,7 +92,7 @@ def test_register_creates_both_configurations_with_the_cert_dirs_bundle(
         assert got["webhooks"] == want["webhooks"]
         assert got["metadata"]["labels"] == want["metadata"]["labels"]
         assert ca_bundle(got) == (cert_dir / "ca-bundle.crt").read_bytes()
-    assert writes(apiserver) == [("POST", MUTATING, None), ("POST", VALIDATING, None)]
+    assert writes(apiserver) == [("POST", MUTATING, None), ("POST", VALIDATING, None), ("POST", MUTATING, None)]
     listed = [r for r in apiserver.requests if r.method == "GET" and r.resource == MUTATING and r.name is None]
     assert listed, "auto lists the other mutating webhook configurations before it chooses"
     posts = [r for r in apiserver.requests if r.method == "POST"]
@@ -113,15 +116,16 @@ def test_a_second_register_updates_both_in_place_with_their_resource_version(
     assert f"{MUTATING}/{NAME} configured" in result.stdout
     assert f"{VALIDATING}/{NAME} configured" in result.stdout
     assert "caBundle: 2 certificate(s)" in result.stdout
-    assert writes(apiserver) == [("PUT", MUTATING, None), ("PUT", VALIDATING, None)]
+    assert writes(apiserver) == [("PUT", MUTATING, None), ("PUT", VALIDATING, None), ("PUT", MUTATING, None)]
     puts = [r for r in apiserver.requests if r.method == "PUT"]
     assert [p.body["metadata"]["resourceVersion"] for p in puts] == [
         rotated,
         first[1]["metadata"]["resourceVersion"],
+        first[2]["metadata"]["resourceVersion"],
     ]
     second = stored(apiserver)
     assert [o["metadata"]["uid"] for o in second] == [o["metadata"]["uid"] for o in first]
-    assert [ca_bundle(o) for o in second] == [(cert_dir / "ca-bundle.crt").read_bytes()] * 2
+    assert [ca_bundle(o) for o in second] == [(cert_dir / "ca-bundle.crt").read_bytes()] * 3
     assert [o["webhooks"] for o in second] == [o["webhooks"] for o in expected(cert_dir)]
     assert second[0]["metadata"]["labels"] == {"app.kubernetes.io/name": "csinode-guard",
                                            "app.kubernetes.io/component": "admission-webhooks", "team": "storage"}
@@ -174,8 +178,7 @@ def test_register_retries_when_the_configuration_changed_between_get_and_put(
     result = register(cert_dir, kubeconfig)
 
     assert result.returncode == 0, result.stderr
-    on_the_object = [(r.method, r.resource) for r in apiserver.requests if r.resource == MUTATING and r.name]
-    assert on_the_object == [
+    assert [(r.method, r.resource) for r in apiserver.requests if r.resource == MUTATING and r.name == NAME] == [
         ("GET", MUTATING),
         ("PUT", MUTATING),
         ("GET", MUTATING),
@@ -190,7 +193,7 @@ def test_register_falls_back_to_ca_crt(apiserver: FakeApiServer, kubeconfig: str
 
     assert result.returncode == 0, result.stderr
     assert f"from {cert_dir / 'ca.crt'}" in result.stdout
-    assert [ca_bundle(o) for o in stored(apiserver)] == [(cert_dir / "ca.crt").read_bytes()] * 2
+    assert [ca_bundle(o) for o in stored(apiserver)] == [(cert_dir / "ca.crt").read_bytes()] * 3
 
 
 def test_register_dry_run_prints_the_yaml_and_contacts_no_cluster(apiserver: FakeApiServer, cert_dir: Path) -> None:
@@ -220,6 +223,7 @@ def test_register_with_url_and_kubeconfig_from_the_environment(
     assert [o["webhooks"][0]["clientConfig"]["url"] for o in stored(apiserver)] == [
         "https://10.0.0.5:8443/mutate",
         "https://10.0.0.5:8443/validate",
+        "https://10.0.0.5:8443/node-labels",
     ]
 
 
@@ -300,12 +304,15 @@ def test_unregister_deletes_both_and_a_second_run_is_not_an_error(
     second = run_cli("unregister", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
 
     assert first.returncode == 0, first.stderr
-    assert first.stdout.splitlines() == [f"{MUTATING}/{NAME} deleted", f"{VALIDATING}/{NAME} deleted"]
+    assert first.stdout.splitlines() == [
+        f"{MUTATING}/{NAME} deleted", f"{VALIDATING}/{NAME} deleted", f"{MUTATING}/{NODES} deleted",
+    ]
     assert apiserver.list(MUTATING) == [] and apiserver.list(VALIDATING) == []
     assert second.returncode == 0, second.stderr
     assert second.stdout.splitlines() == [
         f"{MUTATING}/{NAME} not found (already removed)",
         f"{VALIDATING}/{NAME} not found (already removed)",
+        f"{MUTATING}/{NODES} not found (already removed)",
     ]
 
 
@@ -319,8 +326,10 @@ def test_unregister_dry_run_asks_the_server_and_deletes_nothing(
 
     assert result.returncode == 0, result.stderr
     assert "would be deleted (server dry run)" in result.stdout
-    assert writes(apiserver) == [("DELETE", MUTATING, "All"), ("DELETE", VALIDATING, "All")]
-    assert len(stored(apiserver)) == 2
+    assert writes(apiserver) == [
+        ("DELETE", MUTATING, "All"), ("DELETE", VALIDATING, "All"), ("DELETE", MUTATING, "All"),
+    ]
+    assert len(stored(apiserver)) == 3
 
 
 def test_unregister_deletes_the_other_configuration_when_one_deletion_is_refused(

@@ -71,7 +71,9 @@ def test_only_the_webhook_configurations_carry_the_label_the_install_selects_on(
             o["kind"] for o in objects
             if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/component") == "admission-webhooks"
         )
-        assert labelled == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"], overlay
+        # the two CSINode configurations and the Node entry's (csinode-guard-nodes)
+        assert labelled == ["MutatingWebhookConfiguration", "MutatingWebhookConfiguration",
+                            "ValidatingWebhookConfiguration"], overlay
 
 
 def test_deploy_is_the_default_overlay(kubectl: str, deploy_copy: Path) -> None:

@@ -79,7 +79,7 @@ ENGINES = {"cel-python": _celpy_engine(), "common-expression-language": _cel_rs_
 
 def _deploy_entries(kind: str) -> dict[str, list[dict[str, str]]]:
     """The matchConditions of each webhook entry of one configuration in deploy/base/webhooks.yaml, by name."""
-    configuration = find(load_yaml_documents(DEPLOY / "base" / "webhooks.yaml"), kind)
+    configuration = find(load_yaml_documents(DEPLOY / "base" / "webhooks.yaml"), kind, registration.CONFIGURATION_NAME)
     return {webhook["name"]: webhook["matchConditions"] for webhook in configuration["webhooks"]}
 
 

@@ -71,16 +71,19 @@ def test_base_holds_every_object_an_installation_needs(rendered: dict[str, Objec
         ("ClusterRoleBinding", "csinode-guard-ca-injector"),
         ("Deployment", NAME),
         ("MutatingWebhookConfiguration", NAME),
+        ("MutatingWebhookConfiguration", f"{NAME}-nodes"),
         ("Namespace", NAMESPACE),
         ("NetworkPolicy", NAME),
         ("PodDisruptionBudget", NAME),
         ("Role", "csinode-guard-audit-events"),
         ("Role", "csinode-guard-audit-lease"),
         ("Role", "csinode-guard-driver-pods"),
+        ("Role", "csinode-guard-node-history"),
         ("Role", "csinode-guard-secrets"),
         ("RoleBinding", "csinode-guard-audit-events"),
         ("RoleBinding", "csinode-guard-audit-lease"),
         ("RoleBinding", "csinode-guard-driver-pods"),
+        ("RoleBinding", "csinode-guard-node-history"),
         ("RoleBinding", "csinode-guard-secrets"),
         ("Service", NAME),
         ("ServiceAccount", NAME),
@@ -99,7 +102,8 @@ def test_every_object_carries_the_name_label_and_an_explicit_namespace(
         if obj["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in meta, where
         elif obj["kind"] in ("Role", "RoleBinding") and meta["name"] != "csinode-guard-secrets":
-            expected = {"csinode-guard-audit-lease": NAMESPACE, "csinode-guard-audit-events": "default"}
+            expected = {"csinode-guard-audit-lease": NAMESPACE, "csinode-guard-audit-events": "default",
+                        "csinode-guard-node-history": NAMESPACE}
             assert meta["namespace"] == expected.get(meta["name"], "kube-system"), where
         else:
             assert meta["namespace"] == NAMESPACE, where
@@ -260,6 +264,8 @@ def test_the_guard_can_only_read_what_its_cluster_view_needs_and_write_what_its_
         # one call or two (serve --validation auto): which other mutators match CSINodes, read only
         | {("*", "admissionregistration.k8s.io", kind, "list")
            for kind in ("mutatingwebhookconfigurations", "mutatingadmissionpolicies")}
+        # the nodes' history records: every replica watches them, the audit leader writes them
+        | {(NAMESPACE, "", "configmaps", verb) for verb in (*read, "create", "update", "delete")}
     )
     assert _grants(rendered["base"]) == expected
 
@@ -271,6 +277,9 @@ def test_the_guard_keeps_only_its_own_secrets_and_webhook_configurations(rendere
         {(NAMESPACE, "", f"secrets/{name}", verb) for name in ("csinode-guard-tls", "csinode-guard-state-key")
          for verb in keep}
         | {("*", group, f"{kind}/{NAME}", verb) for verb in keep
+           for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")}
+        # the Node entry's configuration (its caBundle is filled in the same way)
+        | {("*", group, f"{kind}/{NAME}-nodes", verb) for verb in keep
            for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")}
     )
     assert _grants(rendered["base"], by_name=True) == expected

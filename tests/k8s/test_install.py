@@ -96,6 +96,7 @@ def installed_rbac(control_plane: ControlPlane) -> Iterator[list[dict[str, Any]]
 def _delete_guard_objects(cp: ControlPlane) -> None:
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
         cp.kubectl("delete", kind, NAME, "--ignore-not-found", "--wait=false")
+    cp.kubectl("delete", "mutatingwebhookconfiguration", f"{NAME}-nodes", "--ignore-not-found", "--wait=false")
     cp.kubectl("-n", NAMESPACE, "delete", "secret", TLS_SECRET, STATE_KEY_SECRET, "--ignore-not-found")
 
 
@@ -173,7 +174,8 @@ def _ca_bundles(cp: ControlPlane) -> list[str | None]:
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
         configuration = cp.kubectl_json("get", kind, NAME)
         bundles += [w["clientConfig"].get("caBundle") for w in configuration["webhooks"]]
-    return bundles
+    nodes = cp.kubectl_json("get", "mutatingwebhookconfiguration", f"{NAME}-nodes")  # the Node entry's own
+    return bundles + [w["clientConfig"].get("caBundle") for w in nodes["webhooks"]]
 
 
 def test_two_guards_with_only_their_service_accounts_rights_make_one_certificate_and_fill_in_the_ca_bundle(
@@ -190,7 +192,7 @@ def test_two_guards_with_only_their_service_accounts_rights_make_one_certificate
 
     ports = [free_port(), free_port()]
     _apply_webhooks_pointing_at(cp, installed_rbac, ports[0])
-    assert _ca_bundles(cp) == [None] * 4
+    assert _ca_bundles(cp) == [None] * 5
     with _guards(cp, tmp_path, 2, ports) as guards:
         for guard in guards:
             _wait_ready(guard, cp)
@@ -209,7 +211,7 @@ def test_two_guards_with_only_their_service_accounts_rights_make_one_certificate
         assert {(g.work / "state-key" / "key").read_bytes() for g in guards} == {key}, "one state key"
 
         expected = base64.b64encode(_data(tls_secret, "ca-bundle.crt")).decode()
-        wait_until(lambda: _ca_bundles(cp) == [expected] * 4, timeout=60, what="caBundle filled in")
+        wait_until(lambda: _ca_bundles(cp) == [expected] * 5, timeout=60, what="caBundle filled in")
         created = [line for g in guards for line in g.log(None).splitlines() if "created the serving" in line]
         assert len(created) == 1, created
 

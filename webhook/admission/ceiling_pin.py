@@ -16,9 +16,9 @@ label under the cloud-controller-manager's name. The state is written only by th
 
 A new Node has no instance-type label until the cloud-controller-manager initialises it, possibly after the node
 plugin registered: while the label is unset nothing is pinned (the ``unknown`` ceiling applies), so the first
-label-selected ceiling lifts the entry from the unknown-type value. A node that sets the label itself inside that
-window (before the cloud-controller-manager, which then overwrites it) picks its first value; a pin then holds
-only what the cloud-controller-manager's value allows. Labels unknown (Node missing, cache not synced): the pinned
+label-selected ceiling lifts the entry from the unknown-type value. The labels given here are the vouched ones
+(:mod:`webhook.admission.label_provenance`): a value the node set itself never selects a ceiling, at first sight
+either; it reads as unset. Labels unknown (Node missing, cache not synced): the pinned
 value's ceiling applies and the pin stays. Pure: no I/O.
 """
 

@@ -18,7 +18,7 @@ import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 
 class AttachErrorClass(enum.StrEnum):
@@ -67,6 +67,18 @@ class AttachError:
         return classify_attach_error(self.code)
 
 
+class RetainedState(NamedTuple):
+    """A node's history record as read (:mod:`webhook.admission.node_history` verifies and decodes it): ``node``
+    its name, ``uid`` the CSINode the state was written for, ``node_uid`` the Node's UID when known (""),
+    ``state`` the state annotation value, ``saved_at`` when the audit leader saved it."""
+
+    node: str
+    uid: str
+    node_uid: str
+    state: str
+    saved_at: datetime
+
+
 class ClusterView(Protocol):
     """Read-only cluster facts for one admission decision. Every method returns None for *unknown*.
 
@@ -76,6 +88,12 @@ class ClusterView(Protocol):
 
     def node_labels(self, node: str) -> Mapping[str, str] | None:
         """Labels of the Node named ``node`` (the CSINode's name), or None when unknown."""
+        ...
+
+    def vouched_node_labels(self, node: str) -> Mapping[str, str] | None:
+        """The Node's labels a ceiling may be selected by, or None when unknown: those the node's kubelet cannot set
+        and those whose value an identity other than the node set, as the guard's signed record on the Node says
+        (:mod:`webhook.admission.label_provenance`). A label the node set itself is left out."""
         ...
 
     def kubelet_version(self, node: str) -> str | None:
@@ -107,16 +125,24 @@ class ClusterView(Protocol):
         ``uid`` (a CSINode watch), or None when none was seen or it is unknown. A state older than it is a replay."""
         ...
 
+    def retained_state(self, node: str) -> RetainedState | None:
+        """The node's history record (:mod:`webhook.admission.node_history`): the newest state the guard saw on any
+        CSINode of that name, kept where only the guard writes; None when there is none or it is unknown. Its
+        signature is checked by the reader (``RetainedState.decoded``)."""
+        ...
+
 
 @dataclass
 class StaticClusterView:
     """An in-memory :class:`ClusterView` built from plain values; anything not given is unknown (None).
 
-    ``nodes`` maps node name -> {"labels": {...}, "kubeletVersion": "v1.35.0"}; ``driver_periods`` maps driver
+    ``nodes`` maps node name -> {"labels": {...}, "kubeletVersion": "v1.35.0", "vouchedLabels": {...}}
+    (``vouchedLabels``, the labels a ceiling may be selected by, defaults to ``labels``: offline facts are the
+    operator's own); ``driver_periods`` maps driver
     -> seconds; ``driver_versions`` maps node -> driver -> version; ``attach_error_list`` maps (node, driver)
     -> errors; ``attached`` maps (node, driver) -> count. ``known_attach_errors`` says whether an absent
     (node, driver) means "no errors" (True) or "unknown" (False). ``state_sequences`` maps a CSINode's UID to
-    the newest state sequence seen for it.
+    the newest state sequence seen for it; ``retained`` maps a node name to its history record.
     """
 
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -126,6 +152,7 @@ class StaticClusterView:
     attached: dict[tuple[str, str], int] = field(default_factory=dict)
     known_attach_errors: bool = True
     state_sequences: dict[str, int] = field(default_factory=dict)
+    retained: dict[str, RetainedState] = field(default_factory=dict)
 
     def node_labels(self, node: str) -> Mapping[str, str] | None:
         """See :meth:`ClusterView.node_labels`."""
@@ -133,6 +160,14 @@ class StaticClusterView:
         if info is None:
             return None
         labels = info.get("labels")
+        return dict(labels) if isinstance(labels, Mapping) else {}
+
+    def vouched_node_labels(self, node: str) -> Mapping[str, str] | None:
+        """See :meth:`ClusterView.vouched_node_labels`: ``vouchedLabels``, else ``labels``."""
+        info = self.nodes.get(node)
+        if info is None:
+            return None
+        labels = info.get("vouchedLabels", info.get("labels"))
         return dict(labels) if isinstance(labels, Mapping) else {}
 
     def kubelet_version(self, node: str) -> str | None:
@@ -164,11 +199,19 @@ class StaticClusterView:
         """See :meth:`ClusterView.newest_state_sequence`."""
         return self.state_sequences.get(uid)
 
+    def retained_state(self, node: str) -> RetainedState | None:
+        """See :meth:`ClusterView.retained_state`."""
+        return self.retained.get(node)
+
 
 class UnknownClusterView:
     """A :class:`ClusterView` that knows nothing: the offline default when no cluster is configured."""
 
     def node_labels(self, node: str) -> Mapping[str, str] | None:
+        """Always unknown."""
+        return None
+
+    def vouched_node_labels(self, node: str) -> Mapping[str, str] | None:
         """Always unknown."""
         return None
 
@@ -193,6 +236,10 @@ class UnknownClusterView:
         return None
 
     def newest_state_sequence(self, uid: str) -> int | None:
+        """Always unknown."""
+        return None
+
+    def retained_state(self, node: str) -> RetainedState | None:
         """Always unknown."""
         return None
 

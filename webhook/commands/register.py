@@ -29,8 +29,10 @@ from webhook.kube.registration import (
     SERVICE_PORT,
     VALIDATE_PATH,
     WebhookTarget,
+    build_node_webhook_configuration,
     build_webhook_configurations,
     dump_yaml,
+    node_configuration_name,
 )
 from webhook.kube.validation_mode import list_csinode_mutators
 
@@ -219,7 +221,8 @@ def register(
         mode, reason = choose_validation(validation, None if validation == VALIDATION_AUTO else ())
         if validation == VALIDATION_AUTO:
             reason = "auto: --dry-run lists no other mutating webhooks, so two calls (the safe choice)"
-        objects = build_webhook_configurations(target, name=name, validation=mode)
+        objects = [*build_webhook_configurations(target, name=name, validation=mode),
+                   build_node_webhook_configuration(target, name=name)]
         for line in [*described, f"validation {mode}: {reason}"]:
             click.echo(f"# {line}", err=True)
         click.echo(dump_yaml(objects), nl=False)
@@ -230,10 +233,11 @@ def register(
         mutators = list_csinode_mutators(client, name) if validation == VALIDATION_AUTO else ()
         mode, reason = choose_validation(validation, mutators)
         click.echo(f"validation {mode}: {reason}")
-        objects = build_webhook_configurations(target, name=name, validation=mode)
+        objects = [*build_webhook_configurations(target, name=name, validation=mode),
+                   build_node_webhook_configuration(target, name=name)]
         for obj in objects:
             resource = kubeapi.RESOURCES_BY_KIND[str(obj["kind"])]
-            what = resource.describe(name)
+            what = resource.describe(str(obj["metadata"]["name"]))
             try:
                 outcome = apply_configuration(client, obj)
             except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
@@ -258,10 +262,12 @@ def unregister(*, name: str, dry_run: bool, kubeconfig: str | None, context: str
     """
     failures = 0
     with connect(kubeconfig, context) as client:
-        for resource in (kubeapi.MUTATING_WEBHOOK_CONFIGURATIONS, kubeapi.VALIDATING_WEBHOOK_CONFIGURATIONS):
-            what = resource.describe(name)
+        for resource, named in ((kubeapi.MUTATING_WEBHOOK_CONFIGURATIONS, name),
+                                (kubeapi.VALIDATING_WEBHOOK_CONFIGURATIONS, name),
+                                (kubeapi.MUTATING_WEBHOOK_CONFIGURATIONS, node_configuration_name(name))):
+            what = resource.describe(named)
             try:
-                client.delete(resource, name, dry_run=dry_run)
+                client.delete(resource, named, dry_run=dry_run)
             except kubeapi.KubeApiError as exc:
                 if exc.not_found:
                     click.echo(f"{what} not found (already removed)")
@@ -275,4 +281,4 @@ def unregister(*, name: str, dry_run: bool, kubeconfig: str | None, context: str
                 continue
             click.echo(f"{what} {'would be deleted (server dry run)' if dry_run else 'deleted'}")
     if failures:
-        raise click.ClickException(f"{failures} of 2 configurations could not be deleted (see above)")
+        raise click.ClickException(f"{failures} of 3 configurations could not be deleted (see above)")

@@ -101,7 +101,7 @@ def status(
     now = datetime.now(UTC)
     report = build_report(csinodes, node_objects, attachments, pending, policy=policy, now=now, keys=keys,
                           errors_within=window, node_names=wanted, driver_names=drivers or None)
-    cluster = status_cluster_view(node_objects, attachments, csidrivers)
+    cluster = status_cluster_view(node_objects, attachments, csidrivers, keys)
     standing = standing_findings(csinodes, cluster, policy, keys, now, node_names=wanted)
     if drivers:
         standing = [f for f in standing if f.driver in drivers]

@@ -18,6 +18,7 @@ from typing import Any
 
 from webhook.admission.cluster import ClusterView, StaticClusterView
 from webhook.admission.csinode import CSINodeError, format_count, parse_csinode
+from webhook.admission.label_provenance import PROVENANCE_ANNOTATION, decode_provenance, vouched_labels
 from webhook.admission.policy import Policy
 from webhook.admission.standing import StandingFinding, judge_standing
 from webhook.admission.state import STATE_ANNOTATION, StateKeys, decode_state, read_state_unverified
@@ -47,17 +48,25 @@ def read_csidrivers(client: kubeapi.KubeClient) -> list[kubeapi.JSON]:
 
 def status_cluster_view(
     nodes: Sequence[Mapping[str, Any]], volume_attachments: Sequence[Mapping[str, Any]],
-    csidrivers: Sequence[Mapping[str, Any]],
+    csidrivers: Sequence[Mapping[str, Any]], keys: StateKeys | None = None,
 ) -> StaticClusterView:
     """The cluster as ``status`` read it, as the :class:`~webhook.admission.cluster.ClusterView` admission asks:
     Node labels (and kubelet versions where the Nodes carry a status), the attach errors of the
-    VolumeAttachments, the CSIDrivers' update periods. Driver versions from the ``pod`` source and the newest
+    VolumeAttachments, the CSIDrivers' update periods; a ceiling label counts only where the guard's record on the
+    Node (verified with ``keys``) says an identity other than the node set it, as admission reads it
+    (:mod:`webhook.admission.label_provenance`); without ``keys``, where the state is read unverified too, every
+    label counts. Driver versions from the ``pod`` source and the newest
     state sequence are unknown to ``status`` (None): it judges those entries as admission does when they are."""
     view = StaticClusterView()
     for n in nodes:
         name = str((n.get("metadata") or {}).get("name") or "")
         record = parse_node(n)
         view.nodes[name] = {"labels": dict(record.labels), "kubeletVersion": record.kubelet_version}
+        if keys is not None:
+            metadata = n.get("metadata") or {}
+            recorded = decode_provenance((metadata.get("annotations") or {}).get(PROVENANCE_ANNOTATION), name,
+                                         str(metadata.get("uid") or ""), keys)
+            view.nodes[name]["vouchedLabels"] = vouched_labels(record.labels, recorded)
     for va in volume_attachments:
         attachment = parse_volume_attachment(va)
         if attachment.error is not None:

@@ -62,6 +62,7 @@ from typing import Any, Final
 import yaml
 
 from webhook.admission.justification import JUSTIFICATION_ANNOTATION
+from webhook.admission.label_provenance import NODE_LABELS_PATH, PROVENANCE_ANNOTATION
 from webhook.admission.policy import DRIVER_VERSIONS_ANNOTATION
 from webhook.admission.state import STATE_ANNOTATION
 from webhook.kube.one_call import NOT_DECIDED_CONDITION, VALIDATION_CEL, VALIDATION_MODES, VALIDATION_WEBHOOK
@@ -76,6 +77,10 @@ from anyone but the node's own kubelet."""
 MUTATING_NEVER_REFUSED_NAME: Final = "node-registrations.mutate.csinode-guard.io"
 VALIDATING_NEVER_REFUSED_NAME: Final = "node-registrations.validate.csinode-guard.io"
 """The entries with ``failurePolicy: Ignore``: the node's own kubelet's CREATE, registrations, removals, decreases."""
+NODE_LABELS_WEBHOOK_NAME: Final = "node-label-provenance.mutate.csinode-guard.io"
+"""The Node entry (mutating configuration only): observes who sets a Node's labels and records it in the signed
+``csinode-guard.io/label-provenance`` annotation (:mod:`webhook.admission.label_provenance`); never refuses,
+``failurePolicy: Ignore``."""
 MUTATE_PATH: Final = "/mutate"
 VALIDATE_PATH: Final = "/validate"
 
@@ -421,6 +426,59 @@ def _webhook(name: str, target: WebhookTarget, path: str, *, never_refused: bool
     }
 
 
+NODE_RULES: Final = (
+    {
+        "operations": ["CREATE", "UPDATE"],
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        # kubelet changes its own labels through nodes/status too (PatchNodeStatus after updateDefaultLabels).
+        "resources": ["nodes", "nodes/status"],
+        "scope": "Cluster",
+    },
+)
+"""What the Node entry matches: CREATE and UPDATE of Nodes and their status."""
+
+
+def _map_of(obj: str, field: str) -> str:
+    return f"(has({obj}.metadata.{field}) ? {obj}.metadata.{field} : {{}})"
+
+
+NODE_LABELS_CONDITIONS: Final = (
+    {
+        "name": "labels-or-their-record-change",
+        "expression": (
+            "request.operation == 'CREATE'\n"
+            f"|| {_map_of('object', 'labels')} != {_map_of('oldObject', 'labels')}\n"
+            f"|| (has(object.metadata.annotations) && '{PROVENANCE_ANNOTATION}' in object.metadata.annotations\n"
+            f"    ? [object.metadata.annotations['{PROVENANCE_ANNOTATION}']] : [])\n"
+            "  != (has(oldObject.metadata.annotations)"
+            f" && '{PROVENANCE_ANNOTATION}' in oldObject.metadata.annotations\n"
+            f"    ? [oldObject.metadata.annotations['{PROVENANCE_ANNOTATION}']] : [])"
+        ),
+    },
+)
+"""The Node entry is called for a CREATE, and for an UPDATE that changes the labels or the guard's record of them:
+never for the kubelet's status heartbeats (same labels, same record)."""
+
+
+def node_labels_webhook(target: WebhookTarget) -> dict[str, Any]:
+    """The Node entry of the mutating configuration: CREATE/UPDATE of ``nodes`` (and ``nodes/status``) when labels
+    or their record change, sent to :data:`~webhook.admission.label_provenance.NODE_LABELS_PATH`, ``failurePolicy:
+    Ignore`` (it observes and never refuses: a guard that is down leaves a label unvouched, the safe direction)."""
+    return {
+        "name": NODE_LABELS_WEBHOOK_NAME,
+        "clientConfig": build_client_config(target, NODE_LABELS_PATH),
+        "rules": copy.deepcopy([dict(rule) for rule in NODE_RULES]),
+        "matchPolicy": MATCH_POLICY,
+        "matchConditions": [dict(condition) for condition in NODE_LABELS_CONDITIONS],
+        "failurePolicy": NEVER_REFUSED_FAILURE_POLICY,
+        "sideEffects": SIDE_EFFECTS,
+        "timeoutSeconds": TIMEOUT_SECONDS,
+        "admissionReviewVersions": list(ADMISSION_REVIEW_VERSIONS),
+        "reinvocationPolicy": REINVOCATION_POLICY,
+    }
+
+
 def _metadata(name: str, annotations: Mapping[str, str] | None) -> dict[str, Any]:
     metadata: dict[str, Any] = {"name": name, "labels": dict(LABELS)}
     if annotations:
@@ -480,6 +538,32 @@ def build_validating_webhook_configuration(
         "kind": "ValidatingWebhookConfiguration",
         "metadata": _metadata(name, annotations),
         "webhooks": webhooks,
+    }
+
+
+NODE_CONFIGURATION_SUFFIX: Final = "-nodes"
+"""The Node entry has a MutatingWebhookConfiguration of its own, named ``<name>-nodes``: the CSINode
+configurations stay as they are, and the guard's Node observation can be removed without touching them."""
+
+
+def node_configuration_name(name: str = CONFIGURATION_NAME) -> str:
+    """``metadata.name`` of the Node entry's MutatingWebhookConfiguration for the CSINode configurations' ``name``."""
+    return name + NODE_CONFIGURATION_SUFFIX
+
+
+def build_node_webhook_configuration(
+    target: WebhookTarget | None = None,
+    *,
+    name: str = CONFIGURATION_NAME,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """The MutatingWebhookConfiguration ``<name>-nodes`` holding the Node entry (:func:`node_labels_webhook`);
+    ``target`` and ``annotations`` as in :func:`build_mutating_webhook_configuration`."""
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": _metadata(node_configuration_name(name), annotations),
+        "webhooks": [node_labels_webhook(target or WebhookTarget())],
     }
 
 

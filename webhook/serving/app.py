@@ -30,6 +30,7 @@ from webhook.admission.cluster import ClusterView
 from webhook.admission.csinode import format_count
 from webhook.admission.decision import AdmissionDecision, Decision, Mode
 from webhook.admission.evaluation import evaluate, unjudged
+from webhook.admission.label_provenance import NODE_LABELS_PATH, review_label_write
 from webhook.admission.policy import Policy
 from webhook.admission.review import (
     AdmissionRequest,
@@ -332,6 +333,38 @@ def _review(mode: Mode) -> Response:
     return response
 
 
+def _node_review() -> Response:
+    """The Node entry (``/node-labels``): records who set the Node's labels (:mod:`label_provenance`), never refuses.
+
+    The same client-certificate, content-type and body checks as /mutate; a malformed AdmissionReview is a 400. An
+    unexpected error is logged and answered with an allow without a patch (the entry's failurePolicy is Ignore too:
+    the label is then simply not vouched for)."""
+    runtime: Runtime = current_app.extensions[EXTENSION]
+    if runtime.require_client_cert and not _has_client_certificate(request.environ.get("gunicorn.socket")):
+        return _error(403, "a client certificate signed by the --client-ca is required (the apiserver's webhook "
+                           "client certificate)")
+    if request.mimetype != "application/json":
+        return _error(415, f"Content-Type must be application/json, not {request.mimetype or '(none)'!r}")
+    try:
+        body = _read_body(runtime.max_body_bytes)
+    except ClientFaultError as fault:
+        return _client_fault(fault)
+    if body is None:
+        return _refuse_too_large(f"body is over the limit of {runtime.max_body_bytes} bytes")
+    try:
+        review = parse_review(body)
+    except ReviewError as exc:
+        log.warning("bad AdmissionReview for a Node (uid %s): %s", peek_uid(body), exc.message)
+        return _error(review_error_status(exc), exc.message)
+    try:
+        answer = review_label_write(review, runtime.keys)
+    except Exception:
+        log.exception("label provenance failed for request %s; allowed without a record", review.uid)
+        metrics.INTERNAL_ERRORS.inc()
+        answer = AdmissionResponse(allowed=True)
+    return _json(build_response(review.uid, answer, allow_patch=True))
+
+
 def _noop() -> Any:
     """The benchmark floor: the cheapest valid admission webhook on the same stack, judging nothing.
 
@@ -457,6 +490,10 @@ def create_app(runtime: Runtime) -> Flask:
     @app.post("/validate", provide_automatic_options=False)
     def validate() -> Any:
         return _review(Mode.VALIDATE)
+
+    @app.post(NODE_LABELS_PATH, provide_automatic_options=False)
+    def node_labels() -> Any:
+        return _node_review()
 
     if os.environ.get(RECORD_REVIEWS_ENV):
         app.config[RECORD_REVIEWS_ENV] = os.environ[RECORD_REVIEWS_ENV]

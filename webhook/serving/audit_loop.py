@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from webhook.admission.cluster import AttachError
+from webhook.admission.cluster import AttachError, RetainedState
 from webhook.admission.csinode import CSINodeError, format_count, parse_csinode
 from webhook.admission.policy import Policy
 from webhook.admission.standing import (
@@ -47,6 +47,7 @@ from webhook.admission.state import STATE_ANNOTATION, StateKeys, decode_state
 from webhook.kube.events import EventRecorder, event_name
 from webhook.kube.kubeapi import KubeClient
 from webhook.kube.leader import LeaderElector, LeaseSettings
+from webhook.kube.node_history import HistoryWriter
 from webhook.kube.repair import RepairRateLimiter, RepairResult, repair_csinode
 from webhook.kube.watch.view import KubernetesClusterView
 from webhook.serving import audit_metrics
@@ -110,6 +111,9 @@ class AuditLoop:
         self._lock_fd: int | None = None
         self._published: set[tuple[str, str]] = set()
         self._recorded: dict[tuple[str, str], str] = {}
+        self.history: HistoryWriter | None = None
+        if view.history_namespace:
+            self.history = HistoryWriter(client, view.history_namespace, keys, view.retained_state)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
 
@@ -169,6 +173,7 @@ class AuditLoop:
                 if not self.elector.is_leader or not self.view.csinodes_fresh():
                     leading = leading and self.elector.is_leader
                     continue
+                self._sync_history()
                 trigger = None
                 store = self.view.csinode_store
                 snapshot = self.policies.current()
@@ -188,6 +193,16 @@ class AuditLoop:
                 last_pass = time.monotonic()
             except Exception:
                 log.exception("audit pass failed; retrying at the next trigger")
+
+    def _sync_history(self) -> None:
+        """Copy the CSINodes' newest verified states into the nodes' history records (the leader's job, at every
+        poll of the loop: a record lags its CSINode by at most ``poll`` seconds; :mod:`webhook.kube.node_history`)."""
+        if self.history is None or self.view.histories is None or not self.view.histories.fresh(
+                time.monotonic(), self.settings.lease_duration):
+            return
+        written = self.history.sync(self.view.csinode_records(), datetime.now(UTC), self.view.retained_records())
+        if written:
+            log.info("node history: %d record(s) written", written)
 
     # --- one pass ---------------------------------------------------------------------------------------------
 
@@ -330,6 +345,10 @@ class AuditClusterView:
         """See :meth:`webhook.admission.cluster.ClusterView.node_labels`."""
         return self._view.node_labels_for_audit(node)
 
+    def vouched_node_labels(self, node: str) -> Mapping[str, str] | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.vouched_node_labels` (waiting for the cache's lock)."""
+        return self._view.vouched_node_labels_for_audit(node)
+
     def kubelet_version(self, node: str) -> str | None:
         """See :meth:`webhook.admission.cluster.ClusterView.kubelet_version`."""
         return self._view.kubelet_version(node)
@@ -353,6 +372,10 @@ class AuditClusterView:
     def newest_state_sequence(self, uid: str) -> int | None:
         """See :meth:`webhook.admission.cluster.ClusterView.newest_state_sequence`."""
         return self._view.newest_state_sequence(uid)
+
+    def retained_state(self, node: str) -> RetainedState | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.retained_state`."""
+        return self._view.retained_state(node)
 
 
 def build_audit_loop(settings: AuditSettings, view: Any, policies: Any, keys: StateKeys, audit: Any,

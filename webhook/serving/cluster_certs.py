@@ -40,6 +40,7 @@ from webhook.admission.atomic_files import write_atomic
 from webhook.kube import serving_secrets, validation_mode
 from webhook.kube.kubeapi import ApiUnreachableError, KubeApiError, KubeClient
 from webhook.kube.one_call import VALIDATION_AUTO
+from webhook.kube.registration import node_configuration_name
 from webhook.serving import cert_rotation, dev_certs, registration_metrics, tls
 
 __all__ = ["CA_RENEW_BEFORE", "RENEW_BEFORE", "SYNC_INTERVAL", "ClusterCertificates", "ClusterSecretsError",
@@ -239,6 +240,10 @@ class ClusterCertificates:
             return
         pem = (self.names.cert_dir / "ca-bundle.crt").read_bytes()
         for line in serving_secrets.sync_ca_bundle(self.client, self.names.webhook_configuration, pem):
+            log.info("%s", line)
+        # The Node entry's configuration (<name>-nodes): created by the same install, filled in the same way.
+        nodes = node_configuration_name(self.names.webhook_configuration)
+        for line in serving_secrets.sync_ca_bundle(self.client, nodes, pem):
             log.info("%s", line)
         self.sync_validation()
 

@@ -255,6 +255,7 @@ def build_cluster(settings: Settings, policy: Any, keys: Any = None) -> tuple[An
     view, caches = build_cluster_view(
         settings.kubeconfig, policy.pod_version_sources(), settings.max_staleness, settings.cache_sync_timeout,
         state_keys=keys,  # the CSINode watch: the audit, one cluster budget, the newest state per object
+        history_namespace=settings.audit.lease_namespace,  # the nodes' history records, in the guard's namespace
     )
 
     def on_policy(new_policy: Any) -> None:

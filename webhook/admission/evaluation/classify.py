@@ -28,6 +28,7 @@ from webhook.admission.cluster import ClusterView
 from webhook.admission.csinode import INT32_MAX, CountChange, CSINode, diff_drivers, format_count, removed_drivers
 from webhook.admission.decision import Mode, Note
 from webhook.admission.evaluation.annotations import Declarations, read_annotations
+from webhook.admission.node_history import retained_guard_state
 from webhook.admission.policy import Policy
 from webhook.admission.review import AdmissionRequest
 from webhook.admission.rules.base import Writer
@@ -35,6 +36,7 @@ from webhook.admission.state import (
     STATE_ANNOTATION,
     DecodedState,
     EntryState,
+    GuardState,
     StateKeys,
     StateProblem,
     decode_state,
@@ -45,8 +47,9 @@ class Write(NamedTuple):
     """One classified write: the inputs, and what was decided about them once.
 
     ``node`` the CSINode's name; ``create`` a CREATE; ``uid`` the object's UID (at CREATE none yet: no state can
-    be signed); ``exempt`` the requester is exempt (judged as a dry run); ``labels`` the Node's labels (None =
-    unknown); ``scope_key`` the scope as the state records it, ``scope_matched`` the labels select the node,
+    be signed); ``exempt`` the requester is exempt (judged as a dry run); ``labels`` the Node's labels a ceiling
+    may be selected by (:meth:`ClusterView.vouched_node_labels`: not those the node set itself; None = unknown);
+    ``scope_key`` the scope as the state records it, ``scope_matched`` all its labels select the node,
     ``scope_pinned`` the verified state pinned it, ``in_scope`` either; ``decoded`` the verified state
     (``state`` None when missing, invalid or replayed), ``base_sequence`` the sequence the next state follows;
     ``entries`` the state's entries; ``changes`` the changes to judge (in the object's order, then the
@@ -128,6 +131,12 @@ def checked_for_replay(decoded: DecodedState, newest: int | None) -> DecodedStat
     return decoded
 
 
+def retained_history(cluster: ClusterView, node: str, keys: StateKeys) -> GuardState | None:
+    """The node's retained state (:mod:`webhook.admission.node_history`), verified; None when there is none."""
+    retained = cluster.retained_state(node)
+    return retained_guard_state(retained, keys) if retained is not None else None
+
+
 def classify(
     request: AdmissionRequest,
     policy: Policy,
@@ -146,9 +155,10 @@ def classify(
     without the key reads it unverified); None: decoded here from ``old``'s annotation with ``keys``."""
     node = new.name or old.name or request.name
     uid = old.uid or new.uid
-    labels = cluster.node_labels(node)
     key = scope_key(policy)
-    matched = in_scope(policy, labels)
+    matched = in_scope(policy, cluster.node_labels(node))
+    # Ceilings are selected only by labels the node did not set itself (label_provenance): the scope by all.
+    labels = cluster.vouched_node_labels(node)
     writer = Writer(
         username=request.username,
         groups=request.groups,
@@ -160,6 +170,10 @@ def classify(
         decoded = decode_state(old.annotations.get(STATE_ANNOTATION), uid, keys)
     decoded = checked_for_replay(decoded, newest)
     state = decoded.state
+    if state is None:
+        # No usable state on the object (a CREATE, a re-created CSINode, a removed or replayed state): the node's
+        # history, kept by name where only the guard writes, carries what the guard trusted about it.
+        state = retained_history(cluster, node, keys)
     # Once judged in the enforcement scope, an object stays in it: the node can remove a label from itself.
     pinned = state is not None and key is not None and state.scope == key
     entries: Mapping[str, EntryState] = state.entries if state is not None else {}
@@ -177,7 +191,7 @@ def classify(
         key, matched, pinned, matched or pinned,  # scope_key, scope_matched, scope_pinned, in_scope
         decoded,
         # base_sequence: past the stored one and past the newest any replica saw for the object.
-        max(state.sequence if state is not None else 0, newest or 0),
+        max(decoded.state.sequence if decoded.state is not None else 0, newest or 0),
         entries, changes.judged, never_refused,
         frozenset(changes.soft), changes.stored_before, tuple(changes.notes),  # soft_drivers, stored_before, notes
         declarations,

@@ -126,13 +126,15 @@ def build_cluster_view(
     settings: CacheSettings | None = None,
     start: bool = True,
     state_keys: StateKeys | None = None,
+    history_namespace: str | None = None,
 ) -> tuple[ClusterView, ClusterCaches]:
     """The cluster view and its control surface.
 
     With a cluster (see :func:`load_api_client`): a :class:`KubernetesClusterView` (both values are that object),
     started unless ``start`` is False. Without one: :class:`~webhook.admission.cluster.UnknownClusterView` and
     :class:`OfflineCaches`, and one log line. ``max_staleness`` and ``cache_sync_timeout`` are seconds and
-    override ``settings``; ``state_keys`` adds the CSINode watch (:mod:`webhook.kube.watch.csinodes`).
+    override ``settings``; ``state_keys`` adds the CSINode watch (:mod:`webhook.kube.watch.csinodes`), and with
+    ``history_namespace`` the watch of the nodes' history records there (:mod:`webhook.kube.node_history`).
     """
     api_client = load_api_client(kubeconfig)
     if api_client is None:
@@ -141,7 +143,8 @@ def build_cluster_view(
         )
         return UnknownClusterView(), OfflineCaches()
     effective = replace(settings or CacheSettings(), max_staleness=max_staleness, cache_sync_timeout=cache_sync_timeout)
-    view = KubernetesClusterView(api_client, sources, effective, state_keys=state_keys)
+    view = KubernetesClusterView(api_client, sources, effective, state_keys=state_keys,
+                                 history_namespace=history_namespace)
     if start:
         view.start()
     return view, view

@@ -11,7 +11,7 @@ The parse functions are pure: a decoded object (``dict``) in, a record or None o
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -20,16 +20,21 @@ import semver
 
 from webhook.admission import versions
 from webhook.admission.cluster import AttachError, PodVersionSource
+from webhook.admission.label_provenance import PROVENANCE_ANNOTATION, decode_provenance, vouched_labels
+from webhook.admission.state import StateKeys
 
 _intern = sys.intern
 
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
-    """A Node: ``metadata.labels`` and ``status.nodeInfo.kubeletVersion`` (e.g. ``v1.35.1``, "" when unset)."""
+    """A Node: ``metadata.labels`` and ``status.nodeInfo.kubeletVersion`` (e.g. ``v1.35.1``, "" when unset);
+    ``vouched`` the labels a ceiling may be selected by (:func:`webhook.admission.label_provenance.vouched_labels`
+    with the verified record; None when parsed without the state keys: then only labels the node cannot set)."""
 
     labels: Mapping[str, str]
     kubelet_version: str
+    vouched: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,24 @@ def parse_node(obj: Mapping[str, Any]) -> NodeRecord:
         labels=_labels(_get(obj, "metadata") or {}),
         kubelet_version=_intern(version) if isinstance(version, str) else "",
     )
+
+
+def make_node_parser(keys: StateKeys) -> Callable[[Mapping[str, Any]], NodeRecord]:
+    """A parser like :func:`parse_node` that also verifies the guard's label provenance record on the Node
+    (``csinode-guard.io/label-provenance``, bound to the Node's name and UID, signed with ``keys``) and keeps the
+    labels it vouches for in ``vouched``."""
+
+    def parse(obj: Mapping[str, Any]) -> NodeRecord:
+        record = parse_node(obj)
+        meta = _get(obj, "metadata") or {}
+        annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
+        value = annotations.get(PROVENANCE_ANNOTATION) if isinstance(annotations, Mapping) else None
+        name, uid = _get(obj, "metadata", "name"), _get(obj, "metadata", "uid")
+        recorded = decode_provenance(value if isinstance(value, str) else None, str(name or ""), str(uid or ""), keys)
+        vouched = vouched_labels(record.labels, recorded)
+        return NodeRecord(record.labels, record.kubelet_version, vouched)
+
+    return parse
 
 
 def parse_csidriver(obj: Mapping[str, Any]) -> CSIDriverRecord:

@@ -32,10 +32,13 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from webhook.admission.cluster import AttachError, PodVersionSource
+from webhook.admission.cluster import AttachError, PodVersionSource, RetainedState
+from webhook.admission.label_provenance import vouched_labels
+from webhook.admission.node_history import HISTORY_LABEL, history_object_name
 from webhook.admission.state import StateKeys
 from webhook.kube.watch import metrics
 from webhook.kube.watch.csinodes import CSINodeRecord, CSINodeStore, IncreaseLedger, make_parser
+from webhook.kube.watch.histories import HistoryStore, make_history_parser
 from webhook.kube.watch.pod_store import PodStore
 from webhook.kube.watch.records import (
     CSIDriverRecord,
@@ -43,6 +46,7 @@ from webhook.kube.watch.records import (
     PodRecord,
     VolumeAttachmentRecord,
     lowest_version,
+    make_node_parser,
     parse_csidriver,
     parse_node,
     parse_pod,
@@ -57,7 +61,7 @@ log = logging.getLogger("webhook.providers.view")
 
 R = TypeVar("R")
 
-KINDS = ("nodes", "csidrivers", "volumeattachments", "pods", "csinodes")
+KINDS = ("nodes", "csidrivers", "volumeattachments", "pods", "csinodes", "histories")
 """Cache kinds, as used in the ``kind`` label of the cache metrics."""
 
 PodWatchKey = tuple[str, str]
@@ -92,15 +96,18 @@ class KubernetesClusterView:
         pod_sources: Sequence[PodVersionSource] = (),
         settings: CacheSettings | None = None,
         state_keys: StateKeys | None = None,
+        history_namespace: str | None = None,
     ) -> None:
         """``api_client`` is a configured ``kubernetes.client.ApiClient``; ``pod_sources`` are the policy's
         ``pod`` version sources (replace them later with :meth:`set_pod_sources`); with ``state_keys`` the view
-        also watches CSINodes and verifies their state (:mod:`webhook.kube.watch.csinodes`)."""
+        also watches CSINodes and verifies their state (:mod:`webhook.kube.watch.csinodes`), and with
+        ``history_namespace`` too the nodes' history records there (:mod:`webhook.kube.node_history`)."""
         self._api = api_client
         self._settings = settings or CacheSettings()
         self._budget = self._settings.lookup_budget
         self._max_staleness = self._settings.max_staleness
-        self.nodes: Reflector[NodeRecord] = self._reflector("nodes", "/api/v1/nodes", parse_node, Store("nodes"))
+        node_parser = parse_node if state_keys is None else make_node_parser(state_keys)
+        self.nodes: Reflector[NodeRecord] = self._reflector("nodes", "/api/v1/nodes", node_parser, Store("nodes"))
         self.csidrivers: Reflector[CSIDriverRecord] = self._reflector(
             "csidrivers", "/apis/storage.k8s.io/v1/csidrivers", parse_csidriver, Store("csidrivers")
         )
@@ -116,6 +123,13 @@ class KubernetesClusterView:
         if state_keys is not None:
             self.csinodes = self._reflector(
                 "csinodes", "/apis/storage.k8s.io/v1/csinodes", make_parser(state_keys), self.csinode_store
+            )
+        self.history_namespace = history_namespace
+        self.histories: Reflector[RetainedState] | None = None
+        if state_keys is not None and history_namespace:
+            self.histories = self._reflector(
+                "histories", f"/api/v1/namespaces/{history_namespace}/configmaps", make_history_parser(state_keys),
+                HistoryStore("histories"), selector=f"{HISTORY_LABEL}=true",
             )
         self._pod_watches: dict[PodWatchKey, Reflector[PodRecord]] = {}
         self._pod_sources: Mapping[str, tuple[PodVersionSource, Reflector[PodRecord]]] = {}
@@ -207,7 +221,8 @@ class KubernetesClusterView:
     def _reflectors(self) -> list[Reflector[Any]]:
         pods: list[Reflector[Any]] = list(self._pod_watches.values())
         csinodes: list[Reflector[Any]] = [self.csinodes] if self.csinodes is not None else []
-        return [self.nodes, self.csidrivers, self.volumeattachments, *pods, *csinodes]
+        histories: list[Reflector[Any]] = [self.histories] if self.histories is not None else []
+        return [self.nodes, self.csidrivers, self.volumeattachments, *pods, *csinodes, *histories]
 
     # --- readiness --------------------------------------------------------------------------------------------
 
@@ -297,6 +312,17 @@ class KubernetesClusterView:
         record = self._get(self.nodes, node)
         return None if record is None else MappingProxyType(record.labels)
 
+    def vouched_node_labels(self, node: str) -> Mapping[str, str] | None:
+        """The labels of Node ``node`` a ceiling may be selected by (:meth:`ClusterView.vouched_node_labels`): those
+        the node cannot set and those the guard's verified record says an identity other than the node set; None
+        when unknown. Without the state keys: only the labels the node cannot set."""
+        record = self._get(self.nodes, node)
+        if record is None:
+            return None
+        if record.vouched is None:
+            return MappingProxyType(vouched_labels(record.labels, {}))
+        return MappingProxyType(record.vouched)
+
     def kubelet_version(self, node: str) -> str | None:
         """``status.nodeInfo.kubeletVersion`` of Node ``node`` (``v1.35.1``), or None when unknown."""
         record = self._get(self.nodes, node)
@@ -360,6 +386,18 @@ class KubernetesClusterView:
             return None
         return self.csinode_store.newest_sequence(uid)
 
+    def retained_state(self, node: str) -> RetainedState | None:
+        """The verified history record of ``node`` (:mod:`webhook.kube.node_history`), None when there is none,
+        the records are not watched, or the cache is unknown."""
+        if self.histories is None or not self.history_namespace:
+            return None
+        return self._get(self.histories, f"{self.history_namespace}/{history_object_name(node)}")
+
+    def retained_records(self) -> list[RetainedState]:
+        """Every verified history record now (the audit leader's retention pass); empty when not watched."""
+        store = self.histories.store if self.histories is not None else None
+        return store.snapshot() if isinstance(store, HistoryStore) else []
+
     def csinodes_fresh(self) -> bool:
         """True when the CSINode cache is watched, synced and not stale (the audit and the budget may use it)."""
         return self.csinodes is not None and self.csinodes.fresh(time.monotonic(), self._max_staleness)
@@ -374,6 +412,17 @@ class KubernetesClusterView:
             return None
         _, record = self.nodes.store.get(node, 5.0)
         return None if record is None else MappingProxyType(record.labels)
+
+    def vouched_node_labels_for_audit(self, node: str) -> Mapping[str, str] | None:
+        """:meth:`vouched_node_labels` for the audit loop, which waits for the lock (it is off the admission path)."""
+        if not self.nodes.fresh(time.monotonic(), self._max_staleness):
+            return None
+        _, record = self.nodes.store.get(node, 5.0)
+        if record is None:
+            return None
+        if record.vouched is None:
+            return MappingProxyType(vouched_labels(record.labels, {}))
+        return MappingProxyType(record.vouched)
 
     # --- metrics ----------------------------------------------------------------------------------------------
 
