@@ -151,7 +151,7 @@ def test_register_falls_back_to_ca_crt(apiserver: FakeApiServer, kubeconfig: str
 
 def test_register_dry_run_prints_the_yaml_and_contacts_no_cluster(apiserver: FakeApiServer, cert_dir: Path) -> None:
     result = run_cli(
-        "register", "--cert-dir", str(cert_dir), "--dry-run", "--service", "guard", "--namespace", "kube-system",
+        "register", "--cert-dir", str(cert_dir), "--dry-run=client", "--service", "guard", "--namespace", "kube-system",
         cwd=cert_dir.parent,
     )
 
@@ -223,12 +223,12 @@ def test_register_with_a_bundle_that_is_not_pem_fails(kubeconfig: str, cert_dir:
     assert "ca-bundle.crt: not PEM certificates" in result.stderr
 
 
-def test_register_without_a_cluster_is_a_usage_error(cert_dir: Path, tmp_path: Path) -> None:
+def test_register_without_a_cluster_exits_3_no_cluster(cert_dir: Path, tmp_path: Path) -> None:
     home = tmp_path / "home-without-kubeconfig"
     home.mkdir()
     result = run_cli("register", "--cert-dir", str(cert_dir), cwd=cert_dir.parent, env={"HOME": str(home)})
 
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert "no cluster configured: pass --kubeconfig, set KUBECONFIG" in result.stderr
 
 
@@ -270,7 +270,7 @@ def test_unregister_dry_run_asks_the_server_and_deletes_nothing(
     assert register(cert_dir, kubeconfig).returncode == 0
     apiserver.requests.clear()
 
-    result = run_cli("unregister", "--dry-run", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
+    result = run_cli("unregister", "--dry-run=server", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
 
     assert result.returncode == 0, result.stderr
     assert "would be deleted (server dry run)" in result.stdout

@@ -164,7 +164,7 @@ def test_the_same_update_from_someone_who_is_not_an_approver_is_denied_by_the_gu
     apiserver.load([csinode(39, 25)])
     read = apiserver.get(CSINODES, NODE)
     assert read is not None
-    assert restore(kubeconfig, "--state-key-file", str(key_file), "--dry-run").returncode == 0
+    assert restore(kubeconfig, "--state-key-file", str(key_file), "--dry-run=server").returncode == 0
     [put] = puts(apiserver)
 
     request = parse_review(json.dumps(review(read, put.body, user="bob", groups=["system:authenticated"])))
@@ -205,7 +205,7 @@ def test_restore_dry_run_prints_the_change_and_sends_a_server_side_dry_run(
 ) -> None:
     apiserver.load([csinode(39, 25)])
 
-    result = restore(kubeconfig, "--state-key-file", str(key_file), "--dry-run")
+    result = restore(kubeconfig, "--state-key-file", str(key_file), "--dry-run=server")
 
     assert result.returncode == 0, result.stderr
     assert f"spec.drivers[{EBS}].allocatable.count: 39 -> 25" in result.stdout

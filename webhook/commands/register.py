@@ -18,7 +18,14 @@ from urllib.parse import urlsplit
 import click
 from cryptography import x509
 
-from webhook.commands.options import api_failure, cluster_options, connect
+from webhook.commands.options import (
+    EXIT_FINDINGS,
+    api_failure,
+    cluster_options,
+    connect,
+    dry_run_option,
+    progress,
+)
 from webhook.kube import kubeapi
 from webhook.kube.one_call import VALIDATION_MODES, VALIDATION_WEBHOOK
 from webhook.kube.registration import (
@@ -108,8 +115,9 @@ def _merged_metadata(desired: Mapping[str, Any], existing: Mapping[str, Any]) ->
     return metadata
 
 
-def apply_configuration(client: kubeapi.KubeClient, obj: Mapping[str, Any]) -> str:
-    """Create ``obj`` or replace the object of its name (get, then create or PUT with its resourceVersion).
+def apply_configuration(client: kubeapi.KubeClient, obj: Mapping[str, Any], *, dry_run: bool = False) -> str:
+    """Create ``obj`` or replace the object of its name (get, then create or PUT with its resourceVersion); with
+    ``dry_run``, both as a server-side dry run (``dryRun=All``: validated, nothing stored).
 
     Returns ``created``, ``configured`` or ``unchanged`` (the apiserver keeps the resourceVersion of an update
     that changes nothing). Retries a lost race (409) up to :data:`ATTEMPTS` times.
@@ -123,11 +131,11 @@ def apply_configuration(client: kubeapi.KubeClient, obj: Mapping[str, Any]) -> s
             except kubeapi.KubeApiError as exc:
                 if not exc.not_found:
                     raise
-                client.create(resource, obj, field_manager=FIELD_MANAGER)
+                client.create(resource, obj, field_manager=FIELD_MANAGER, dry_run=dry_run)
                 return "created"
             body = dict(copy.deepcopy(obj))
             body["metadata"] = _merged_metadata(obj["metadata"], existing)
-            stored = client.replace(resource, body, field_manager=FIELD_MANAGER)
+            stored = client.replace(resource, body, field_manager=FIELD_MANAGER, dry_run=dry_run)
             before = existing["metadata"].get("resourceVersion")
             return "unchanged" if stored.get("metadata", {}).get("resourceVersion") == before else "configured"
         except kubeapi.KubeApiError as exc:
@@ -169,7 +177,8 @@ def apply_configuration(client: kubeapi.KubeClient, obj: Mapping[str, Any]) -> s
     "apiserver sends it only where the final counts are not the ones the state /mutate wrote records (one call "
     "for a kubelet write; see docs/registration.md, One call).",
 )
-@click.option("--dry-run", is_flag=True, help="Print the YAML that would be applied; contact no cluster.")
+@dry_run_option(bare="client", what="client: print the YAML that would be applied, contact no cluster; server: "
+                "send it as a server-side dry run (dryRun=All: validated by the apiserver, nothing stored).")
 @cluster_options
 def register(
     *,
@@ -180,7 +189,7 @@ def register(
     url: str | None,
     name: str,
     validation: str,
-    dry_run: bool,
+    dry_run: str,
     kubeconfig: str | None,
     context: str | None,
 ) -> None:
@@ -196,8 +205,12 @@ def register(
 
     \b
     Example:
-      csinode-guard register --url https://10.0.0.5:8443 --cert-dir certs --dry-run
+      csinode-guard register --url https://10.0.0.5:8443 --cert-dir certs --dry-run=client
       csinode-guard register --url https://10.0.0.5:8443 --cert-dir certs
+
+    A guard registered with --url is not the Service deploy/ names: to move to the in-cluster installation,
+    `csinode-guard unregister` first, then `kubectl apply -k deploy/` (the apiserver refuses a clientConfig with
+    both url and service, which is what applying deploy/ over a --url registration would make).
     """
     if url is not None:
         if service is not None or namespace is not None or service_port is not None:
@@ -214,45 +227,50 @@ def register(
     )
     objects = build_webhook_configurations(target, name=name, validation=validation)
     described = _describe_ca(path, certificates, datetime.now(UTC))
-    if dry_run:
+    if dry_run == "client":
         for line in described:
             click.echo(f"# {line}", err=True)
         click.echo(dump_yaml(objects), nl=False)
         return
     for line in described:
         click.echo(line)
+    suffix = " (server dry run)" if dry_run == "server" else ""
     with connect(kubeconfig, context) as client:
         for obj in objects:
             resource = kubeapi.RESOURCES_BY_KIND[str(obj["kind"])]
             what = resource.describe(name)
             try:
-                outcome = apply_configuration(client, obj)
+                outcome = apply_configuration(client, obj, dry_run=dry_run == "server")
             except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
                 raise api_failure(f"{what} not applied", exc) from None
-            click.echo(f"{what} {outcome}")
+            click.echo(f"{what} {outcome}{suffix}")
 
 
 @click.command("unregister")
 @click.option("--name", default=CONFIGURATION_NAME, show_default=True, help="Name of both configurations.")
-@click.option(
-    "--dry-run", is_flag=True, help="Ask the API server to check the deletions (dryRun=All); delete nothing."
-)
+@dry_run_option(bare="server", what="client: say which configurations exist and would be deleted, delete nothing; "
+                "server: ask the API server to check the deletions (dryRun=All), delete nothing.")
 @cluster_options
-def unregister(*, name: str, dry_run: bool, kubeconfig: str | None, context: str | None) -> None:
+def unregister(*, name: str, dry_run: str, kubeconfig: str | None, context: str | None) -> None:
     """Delete both webhook configurations: the emergency switch.
 
     The apiserver stops calling the guard within a second or two and every CSINode write goes through
     unchecked; the guard's pods keep running. A configuration that is already gone is not an error. Re-enable
     with `csinode-guard register` or `kubectl apply -k` of your overlay.
 
-    Needs delete on both kinds (ClusterRole csinode-guard-registrar).
+    Needs delete on both kinds (ClusterRole csinode-guard-registrar). Says what it does on standard error as it
+    goes (the apiserver may take seconds to answer).
     """
     failures = 0
     with connect(kubeconfig, context) as client:
         for resource in (kubeapi.MUTATING_WEBHOOK_CONFIGURATIONS, kubeapi.VALIDATING_WEBHOOK_CONFIGURATIONS):
             what = resource.describe(name)
+            progress(f"deleting {what} ...")
             try:
-                client.delete(resource, name, dry_run=dry_run)
+                if dry_run == "client":
+                    client.get(resource, name)
+                else:
+                    client.delete(resource, name, dry_run=dry_run == "server")
             except kubeapi.KubeApiError as exc:
                 if exc.not_found:
                     click.echo(f"{what} not found (already removed)")
@@ -264,6 +282,9 @@ def unregister(*, name: str, dry_run: bool, kubeconfig: str | None, context: str
                 failures += 1
                 click.echo(api_failure(f"{what} not deleted", exc).format_message(), err=True)
                 continue
-            click.echo(f"{what} {'would be deleted (server dry run)' if dry_run else 'deleted'}")
+            done = {"none": "deleted", "client": "would be deleted (client dry run)",
+                    "server": "would be deleted (server dry run)"}[dry_run]
+            click.echo(f"{what} {done}")
     if failures:
-        raise click.ClickException(f"{failures} of 2 configurations could not be deleted (see above)")
+        click.echo(f"Error: {failures} of 2 configurations could not be deleted (see above)", err=True)
+        raise SystemExit(EXIT_FINDINGS)
