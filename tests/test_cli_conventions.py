@@ -17,6 +17,7 @@ import yaml
 
 from tests.conftest import REPO
 from tests.test_auditlog import T0, _write_log_from_registration, guard_log
+from tests.test_replay import LOG as REPLAY_LOG
 from webhook.admission.policy import EnforcementAction
 from webhook.admission.standing import StandingFinding, audit_record
 
@@ -102,6 +103,9 @@ def test_yaml_output_is_a_document(args: list[str], mixed_log: Path) -> None:
                  "--format is deprecated", id="audit summary --format text"),
     pytest.param(["audit", "query", "{log}", "--format", "json"], ["audit", "query", "{log}", "-o", "json"],
                  "--format is deprecated", id="audit query --format"),
+    pytest.param(["replay", "--audit-log", "{replay}", "--format", "json", "--no-progress"],
+                 ["replay", "--audit-log", "{replay}", "-o", "json", "--no-progress"], "--format is deprecated",
+                 id="replay --format"),
     pytest.param(["policy", "test", "policies/tests/default-ceiling.yaml", "--output", "text"],
                  ["policy", "test", "policies/tests/default-ceiling.yaml", "-o", "table"],
                  "--output text is deprecated", id="policy test --output text"),
@@ -117,7 +121,7 @@ def test_a_deprecated_spelling_works_and_warns(old: list[str], new: list[str], w
     from webhook.serving import dev_certs  # noqa: PLC0415
 
     dev_certs.ensure_dev_certs(tmp_path / "certs")
-    values = {"log": mixed_log, "certs": tmp_path / "certs"}
+    values = {"log": mixed_log, "certs": tmp_path / "certs", "replay": REPLAY_LOG}
     before = cli(*[a.format(**values) for a in old])
     after = cli(*[a.format(**values) for a in new])
     assert before.returncode == after.returncode == 0, before.stderr + after.stderr

@@ -278,6 +278,46 @@ def test_unregister_dry_run_asks_the_server_and_deletes_nothing(
     assert len(stored(apiserver)) == 2
 
 
+def test_the_deprecated_bare_dry_run_of_unregister_is_a_server_dry_run_and_warns(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    assert register(cert_dir, kubeconfig).returncode == 0
+    apiserver.requests.clear()
+
+    result = run_cli("unregister", "--dry-run", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
+
+    assert result.returncode == 0, result.stderr
+    assert "--dry-run without a value is deprecated and will be removed in 0.3.0: use --dry-run=server" in (
+        result.stderr)
+    assert writes(apiserver) == [("DELETE", MUTATING, "All"), ("DELETE", VALIDATING, "All")]
+    assert len(stored(apiserver)) == 2
+
+
+def test_unregister_client_dry_run_sends_no_write_and_says_what_it_does_on_stderr(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    assert register(cert_dir, kubeconfig).returncode == 0
+    apiserver.requests.clear()
+
+    result = run_cli("unregister", "--dry-run=client", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
+
+    assert result.returncode == 0, result.stderr
+    assert "would be deleted (client dry run)" in result.stdout
+    assert f"deleting {MUTATING}/" in result.stderr, "progress on standard error"
+    assert writes(apiserver) == [] and len(stored(apiserver)) == 2
+
+
+def test_register_server_dry_run_is_checked_by_the_apiserver_and_stores_nothing(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    result = register(cert_dir, kubeconfig, "--dry-run=server")
+
+    assert result.returncode == 0, result.stderr
+    assert "created (server dry run)" in result.stdout
+    assert [w[2] for w in writes(apiserver)] == ["All", "All"]
+    assert apiserver.get(MUTATING, NAME) is None and apiserver.get(VALIDATING, NAME) is None
+
+
 def test_unregister_deletes_the_other_configuration_when_one_deletion_is_refused(
     apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
 ) -> None:

@@ -82,7 +82,7 @@ def test_kubectl_runs_status_preflight_and_restore_as_a_plugin_on_the_given_cont
     report = json.loads(preflight.stdout)
     assert report["checks"], report
 
-    restore = kubectl_plugin(tmp_path, "restore", node, "--driver", EBS, "--reason", "plugin test", "--dry-run",
+    restore = kubectl_plugin(tmp_path, "restore", node, "--driver", EBS, "--reason", "plugin test", "--dry-run=server",
                              "--no-verify", "--kubeconfig", kubeconfig, "--context", "admin")
     assert node in restore.stdout + restore.stderr, restore.stderr
     assert "no cluster configured" not in restore.stderr
