@@ -112,7 +112,7 @@ def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
 
 
 def test_summary_over_rotated_and_gzipped_files(rotated: Path, records: list[dict[str, Any]]) -> None:
-    result = cli("summary", str(rotated), "--format", "json")
+    result = cli("summary", str(rotated), "-o", "json")
     assert result.returncode == 0, result.stderr
     s = json.loads(result.stdout)
     assert s["records"] == len(records)
@@ -137,7 +137,7 @@ def test_summary_text_and_no_rotated(rotated: Path, records: list[dict[str, Any]
     assert result.stdout.startswith(f"{len(records)} records from 2026-11-30T02:00:00.000Z to 2026-11-30T02:30:00")
     assert "count-rollback        3  (clamp 2, deny 1)" in result.stdout
     assert "freezes 1; corrections resource-exhausted 1" in result.stdout
-    only_newest = json.loads(cli("summary", str(rotated), "--no-rotated", "--format", "json").stdout)
+    only_newest = json.loads(cli("summary", str(rotated), "--no-rotated", "-o", "json").stdout)
     assert 0 < only_newest["records"] < len(records) // 2
 
 
@@ -181,7 +181,7 @@ def test_query_filters(rotated: Path, records: list[dict[str, Any]], args: list[
 
 
 def test_query_command_combines_filters(rotated: Path) -> None:
-    result = cli("query", str(rotated), "--format", "json", "--decision", "clamp", "--endpoint", "mutate",
+    result = cli("query", str(rotated), "-o", "json", "--decision", "clamp", "--endpoint", "mutate",
                  "--node", "ip-10-0-1-*", "--driver", EBS, "--rule", "count-rollback", "--no-dry-run",
                  "--since", "2026-11-30T02:09:00Z", "--until", "2026-11-30T02:25:00Z", "--user", "system:node:*")
     assert result.returncode == 0, result.stderr
@@ -203,12 +203,26 @@ def test_query_table_limit_and_no_match(rotated: Path) -> None:
 
 def test_timeline_picture(rotated: Path, tmp_path: Path) -> None:
     out = tmp_path / "timeline.png"
-    result = cli("timeline", str(rotated), "--node", NODE, "--driver", EBS, "--output", str(out))
+    result = cli("timeline", str(rotated), "--node", NODE, "--driver", EBS, "--output-file", str(out))
     assert result.returncode == 0, result.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
-    assert result.stdout.strip() == f"{out}: 6 writes (allow 2, clamp 2, deny 1, warn 1), 1 freeze(s)"
-    missing = cli("timeline", str(rotated), "--node", "nope", "--driver", EBS, "--output", str(out))
+    assert result.stdout.strip() == (f"{out}: 6 writes (allow 2, clamp 2, deny 1, warn 1), 1 freeze(s); clamps by "
+                                     "rule: count-ceiling 1, count-rollback 2")  # 39 held at 20: both clamped
+    missing = cli("timeline", str(rotated), "--node", "nope", "--driver", EBS, "--output-file", str(out))
     assert missing.returncode == 1 and "no records for node 'nope'" in missing.stderr
+
+
+def test_timeline_names_the_rule_of_each_clamp_and_draws_the_ceiling(tmp_path: Path, records: list[dict[str, Any]]
+                                                                     ) -> None:
+    log = tmp_path / "audit.log"
+    log.write_text("\n".join(json.dumps(r) for r in records) + "\n")
+    out = tmp_path / "timeline.svg"  # matplotlib's SVG keeps each text in a comment: the labels can be read back
+    result = cli("timeline", str(log), "--node", OTHER, "--driver", EBS, "--output-file", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "clamps by rule: count-ceiling 1" in result.stdout
+    svg = out.read_text()
+    assert "<!-- count-ceiling -->" in svg, "the clamp is labelled with its rule"
+    assert "<!-- ceiling 27 -->" in svg and "<!-- ceiling (count-ceiling) -->" in svg, "the ceiling drawn and named"
 
 
 def test_timeline_without_matplotlib_says_how_to_install_it(rotated: Path, tmp_path: Path) -> None:
@@ -216,7 +230,7 @@ def test_timeline_without_matplotlib_says_how_to_install_it(rotated: Path, tmp_p
     (blocker / "matplotlib").mkdir(parents=True)
     (blocker / "matplotlib" / "__init__.py").write_text("raise ImportError('No module named matplotlib')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(blocker), str(REPO)]))
-    result = cli("timeline", str(rotated), "--node", NODE, "--driver", EBS, "--output", str(tmp_path / "t.png"),
+    result = cli("timeline", str(rotated), "--node", NODE, "--driver", EBS, "--output-file", str(tmp_path / "t.png"),
                  env=env)
     assert result.returncode == 1
     assert "needs matplotlib" in result.stderr and "pip install 'csinode-guard[timeline]'" in result.stderr
@@ -318,7 +332,7 @@ def test_one_write_of_2147483647_leaves_the_real_counts_readable(tmp_path: Path)
     decisions = _write_log(log, [(0, 24), (5, 20), (10, 2147483647), (15, 15), (25, 18)])
     assert decisions[2] in ("clamp", "deny")  # the implausible write is never stored as it is
     out = tmp_path / "timeline.png"
-    result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output", str(out))
+    result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output-file", str(out))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("off the scale, marked at the top edge: 2147483647"), result.stdout
 
@@ -353,13 +367,13 @@ def test_on_replay_output_the_stored_count_never_steps_at_a_denial(tmp_path: Pat
     apiserver_log.write_text("".join(json.dumps(e) + "\n" for e in events))
     guard_log = tmp_path / "guard-audit.log"
     replayed = subprocess.run([sys.executable, "-m", "webhook", "replay", "--audit-log", str(apiserver_log),
-                               "--guard-audit-out", str(guard_log), "--format", "json"],
+                               "--guard-audit-out", str(guard_log), "-o", "json"],
                               capture_output=True, text=True, cwd=REPO, timeout=60, check=False)
     assert replayed.returncode == 0, replayed.stderr
     rows = [(e["old"], e["new"], e["decision"]) for e in json.loads(replayed.stdout)["events"]]
     assert rows == [("registered", 10, "allow"), (10, 4, "allow"), (20, 30, "deny"), (20, 35, "deny")]
     out = tmp_path / "timeline.png"
-    result = cli("timeline", str(guard_log), "--node", node, "--driver", EBS, "--output", str(out))
+    result = cli("timeline", str(guard_log), "--node", node, "--driver", EBS, "--output-file", str(out))
     assert result.returncode == 0, result.stderr
 
     inside = _plot_area(out)
@@ -373,7 +387,7 @@ def test_on_replay_output_the_stored_count_never_steps_at_a_denial(tmp_path: Pat
 
 
 @pytest.mark.parametrize("command", [pytest.param(["summary"], id="summary"),
-                                     pytest.param(["summary", "--format", "json"], id="summary as JSON"),
+                                     pytest.param(["summary", "-o", "json"], id="summary as JSON"),
                                      pytest.param(["query"], id="query")])
 def test_a_file_with_no_audit_record_but_other_lines_exits_2_like_replay(tmp_path: Path, command: list[str]) -> None:
     garbage = tmp_path / "garbage.txt"
@@ -389,7 +403,7 @@ def test_a_file_with_no_audit_record_but_other_lines_exits_2_like_replay(tmp_pat
 
 def test_timeline_to_a_format_there_is_none_of_exits_2_listing_the_formats(rotated: Path, tmp_path: Path) -> None:
     out = tmp_path / "t.weird"
-    result = cli("timeline", str(rotated), "--node", NODE, "--driver", EBS, "--output", str(out))
+    result = cli("timeline", str(rotated), "--node", NODE, "--driver", EBS, "--output-file", str(out))
     assert result.returncode == 2, result.stderr
     assert f"{out}: '.weird' is not a picture format matplotlib writes; use one of " in result.stderr
     assert ".png" in result.stderr and ".svg" in result.stderr and ".pdf" in result.stderr
@@ -405,7 +419,7 @@ def test_timeline_ticks_of_a_short_incident_are_distinct(records: list[dict[str,
     log = tmp_path / "audit.log"
     log.write_text("".join(json.dumps(dict(r, time=moved[r["time"]])) + "\n" for r in mine))
     out = tmp_path / "timeline.svg"
-    result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output", str(out))
+    result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output-file", str(out))
     assert result.returncode == 0, result.stderr
     svg = out.read_text()
     x_axis = svg[svg.index('<g id="matplotlib.axis_1">'):svg.index('<g id="matplotlib.axis_2">')]
@@ -447,7 +461,7 @@ def test_a_first_registration_starts_the_line_instead_of_a_spike_from_unbounded(
     assert (first["change"], first["old"]) == ("registration", None)
     svg, png = tmp_path / "t.svg", tmp_path / "t.png"
     for out in (svg, png):
-        result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output", str(out))
+        result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output-file", str(out))
         assert result.returncode == 0, result.stderr
     assert "unbounded" not in svg.read_text(), "no unbounded band: nothing here was ever unbounded"
     inside = _plot_area(png)
@@ -462,7 +476,7 @@ def test_the_first_seconds_writes_are_spread_in_an_inset_not_piled_at_the_left_e
     _write_log_from_registration(log, [(0, 25), (0.3, 24), (0.6, 23), (0.9, 22), (120, 20), (240, 21), (360, 19)])
     svg, png = tmp_path / "t.svg", tmp_path / "t.png"
     for out in (svg, png):
-        result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output", str(out))
+        result = cli("timeline", str(log), "--node", NODE, "--driver", EBS, "--output-file", str(out))
         assert result.returncode == 0, result.stderr
     assert "the first 4 writes, within 0.9 s of 02:00:00" in svg.read_text()
     marks = _mask(png, ALLOWED)
@@ -473,5 +487,5 @@ def test_the_first_seconds_writes_are_spread_in_an_inset_not_piled_at_the_left_e
     spread = tmp_path / "spread.log"
     _write_log_from_registration(spread, [(0, 25), (60, 24), (120, 23), (180, 22)])
     calm = tmp_path / "calm.svg"
-    assert cli("timeline", str(spread), "--node", NODE, "--driver", EBS, "--output", str(calm)).returncode == 0
+    assert cli("timeline", str(spread), "--node", NODE, "--driver", EBS, "--output-file", str(calm)).returncode == 0
     assert "the first" not in calm.read_text(), "no inset without a burst"

@@ -1,6 +1,7 @@
 """The commands that talk to the cluster share ``--kubeconfig``/``--context`` and how a cluster that cannot be
 reached from them is reported (webhook/commands/options.py): as subprocesses, the message and exit code of each
-for a kubeconfig the kubernetes client refuses and for ``--context`` inside a cluster without a kubeconfig."""
+for a kubeconfig the kubernetes client refuses, for no cluster at all, and for ``--context`` inside a cluster
+without a kubeconfig."""
 
 from __future__ import annotations
 
@@ -15,13 +16,16 @@ BROKEN_KUBECONFIG = "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nu
 """A kubeconfig that parses but has no current-context: the client's ConfigException."""
 
 COMMANDS = [
-    pytest.param(["register", "--cert-dir", "certs"], 1, 2, id="register"),
-    pytest.param(["unregister"], 1, 2, id="unregister"),
-    pytest.param(["restore", "node-1", "--driver", "ebs.csi.aws.com", "--reason", "r", "--no-verify"], 1, 2,
+    pytest.param(["register", "--cert-dir", "certs"], 3, 2, id="register"),
+    pytest.param(["unregister"], 3, 2, id="unregister"),
+    pytest.param(["restore", "node-1", "--driver", "ebs.csi.aws.com", "--reason", "r", "--no-verify"], 3, 2,
                  id="restore"),
-    pytest.param(["status"], 1, 2, id="status"),
-    pytest.param(["preflight"], 3, 3, id="preflight"),
+    pytest.param(["status"], 3, 2, id="status"),
+    pytest.param(["preflight"], 3, 2, id="preflight"),
+    pytest.param(["uninstall"], 3, 2, id="uninstall"),
 ]
+"""(arguments, exit code for a configuration that cannot be loaded, for --context without a kubeconfig): the
+one table of docs/cli.md, the same for every command (3 no cluster, 2 usage)."""
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +76,16 @@ def test_a_context_inside_a_cluster_without_a_kubeconfig_is_a_usage_error(
     assert result.returncode == usage_exit, result.stderr
     assert "Error: --context needs a kubeconfig (--kubeconfig or KUBECONFIG)" in result.stderr, result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("args", "broken_exit", "usage_exit"), COMMANDS)
+def test_no_cluster_configured_exits_3_for_every_command(
+    workdir: Path, tmp_path: Path, args: list[str], broken_exit: int, usage_exit: int
+) -> None:
+    home = tmp_path / "home-without-kubeconfig"
+    home.mkdir()
+    result = run_cli(*args, cwd=workdir, env={"HOME": str(home)})
+
+    assert result.returncode == 3, result.stderr
+    assert "no cluster configured: pass --kubeconfig, set KUBECONFIG" in result.stderr, result.stderr
+    assert "Usage:" not in result.stderr, "not a usage error: no banner"

@@ -216,14 +216,16 @@ def test_register_dry_run_prints_the_cel_mode(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "webhook", "certs", "generate", "--cert-dir", str(certs)],
                    check=True, capture_output=True)
     out = subprocess.run(
-        [sys.executable, "-m", "webhook", "register", "--cert-dir", str(certs), "--dry-run", "--validation", "cel"],
+        [sys.executable, "-m", "webhook", "register", "--cert-dir", str(certs), "--dry-run=client",
+         "--validation", "cel"],
         check=True, capture_output=True, text=True,
     ).stdout
     validating = next(d for d in yaml.safe_load_all(out) if d["kind"] == "ValidatingWebhookConfiguration")
     for webhook in validating["webhooks"]:
         assert webhook["matchConditions"][-1] == dict(one_call.NOT_DECIDED_CONDITION)
     refused = subprocess.run(
-        [sys.executable, "-m", "webhook", "register", "--cert-dir", str(certs), "--dry-run", "--validation", "vap"],
+        [sys.executable, "-m", "webhook", "register", "--cert-dir", str(certs), "--dry-run=client",
+         "--validation", "vap"],
         check=False, capture_output=True, text=True,
     )
     assert refused.returncode == 2 and "--validation" in refused.stderr

@@ -198,7 +198,7 @@ def test_register_falls_back_to_ca_crt(apiserver: FakeApiServer, kubeconfig: str
 
 def test_register_dry_run_prints_the_yaml_and_contacts_no_cluster(apiserver: FakeApiServer, cert_dir: Path) -> None:
     result = run_cli(
-        "register", "--cert-dir", str(cert_dir), "--dry-run", "--service", "guard", "--namespace", "kube-system",
+        "register", "--cert-dir", str(cert_dir), "--dry-run=client", "--service", "guard", "--namespace", "kube-system",
         cwd=cert_dir.parent,
     )
 
@@ -272,12 +272,12 @@ def test_register_with_a_bundle_that_is_not_pem_fails(kubeconfig: str, cert_dir:
     assert "ca-bundle.crt: not PEM certificates" in result.stderr
 
 
-def test_register_without_a_cluster_is_a_usage_error(cert_dir: Path, tmp_path: Path) -> None:
+def test_register_without_a_cluster_exits_3_no_cluster(cert_dir: Path, tmp_path: Path) -> None:
     home = tmp_path / "home-without-kubeconfig"
     home.mkdir()
     result = run_cli("register", "--cert-dir", str(cert_dir), cwd=cert_dir.parent, env={"HOME": str(home)})
 
-    assert result.returncode == 2
+    assert result.returncode == 3
     assert "no cluster configured: pass --kubeconfig, set KUBECONFIG" in result.stderr
 
 
@@ -322,7 +322,7 @@ def test_unregister_dry_run_asks_the_server_and_deletes_nothing(
     assert register(cert_dir, kubeconfig).returncode == 0
     apiserver.requests.clear()
 
-    result = run_cli("unregister", "--dry-run", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
+    result = run_cli("unregister", "--dry-run=server", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
 
     assert result.returncode == 0, result.stderr
     assert "would be deleted (server dry run)" in result.stdout
@@ -330,6 +330,46 @@ def test_unregister_dry_run_asks_the_server_and_deletes_nothing(
         ("DELETE", MUTATING, "All"), ("DELETE", VALIDATING, "All"), ("DELETE", MUTATING, "All"),
     ]
     assert len(stored(apiserver)) == 3
+
+
+def test_the_deprecated_bare_dry_run_of_unregister_is_a_server_dry_run_and_warns(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    assert register(cert_dir, kubeconfig).returncode == 0
+    apiserver.requests.clear()
+
+    result = run_cli("unregister", "--dry-run", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
+
+    assert result.returncode == 0, result.stderr
+    assert "--dry-run without a value is deprecated and will be removed in 0.3.0: use --dry-run=server" in (
+        result.stderr)
+    assert writes(apiserver) == [("DELETE", MUTATING, "All"), ("DELETE", VALIDATING, "All")]
+    assert len(stored(apiserver)) == 2
+
+
+def test_unregister_client_dry_run_sends_no_write_and_says_what_it_does_on_stderr(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    assert register(cert_dir, kubeconfig).returncode == 0
+    apiserver.requests.clear()
+
+    result = run_cli("unregister", "--dry-run=client", "--kubeconfig", kubeconfig, cwd=cert_dir.parent)
+
+    assert result.returncode == 0, result.stderr
+    assert "would be deleted (client dry run)" in result.stdout
+    assert f"deleting {MUTATING}/" in result.stderr, "progress on standard error"
+    assert writes(apiserver) == [] and len(stored(apiserver)) == 2
+
+
+def test_register_server_dry_run_is_checked_by_the_apiserver_and_stores_nothing(
+    apiserver: FakeApiServer, kubeconfig: str, cert_dir: Path
+) -> None:
+    result = register(cert_dir, kubeconfig, "--dry-run=server")
+
+    assert result.returncode == 0, result.stderr
+    assert "created (server dry run)" in result.stdout
+    assert [w[2] for w in writes(apiserver)] == ["All", "All"]
+    assert apiserver.get(MUTATING, NAME) is None and apiserver.get(VALIDATING, NAME) is None
 
 
 def test_unregister_deletes_the_other_configuration_when_one_deletion_is_refused(

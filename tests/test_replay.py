@@ -66,7 +66,7 @@ def rows_of(events: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
 
 
 def test_replay_reports_what_the_guard_would_have_done_per_event_and_in_summary() -> None:
-    result = cli("--audit-log", str(LOG), "--format", "json")
+    result = cli("--audit-log", str(LOG), "-o", "json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert rows_of(doc["events"]) == [tuple(e) for e in EXPECTED]
@@ -100,7 +100,7 @@ def test_replay_reports_what_the_guard_would_have_done_per_event_and_in_summary(
 
 
 def test_the_summary_accounts_for_every_audit_event_and_says_it_lists_only_the_busiest_minutes() -> None:
-    result = cli("--audit-log", str(LOG), "--format", "json")
+    result = cli("--audit-log", str(LOG), "-o", "json")
     s = json.loads(result.stdout)["summary"]
     assert s["clusterFacts"] == {"nodes": 1, "csidrivers": 1, "volumeattachments": 1}
     skipped = s["skipped"]
@@ -116,12 +116,12 @@ def test_the_summary_accounts_for_every_audit_event_and_says_it_lists_only_the_b
 
 @pytest.mark.parametrize("second", ["the same path", "a gzipped copy"])
 def test_a_log_given_twice_is_counted_once(tmp_path: Path, second: str) -> None:
-    once = json.loads(cli("--audit-log", str(LOG), "--format", "json").stdout)
+    once = json.loads(cli("--audit-log", str(LOG), "-o", "json").stdout)
     again = LOG
     if second == "a gzipped copy":
         again = tmp_path / "copy.log.gz"
         again.write_bytes(gzip.compress(LOG.read_bytes()))
-    result = cli("--audit-log", str(LOG), "--audit-log", str(again), "--format", "json")
+    result = cli("--audit-log", str(LOG), "--audit-log", str(again), "-o", "json")
     assert result.returncode == 0, result.stderr
     twice = json.loads(result.stdout)
     assert rows_of(twice["events"]) == rows_of(once["events"]) == [tuple(e) for e in EXPECTED]
@@ -140,7 +140,7 @@ def test_a_file_with_nothing_judgeable_and_bad_lines_exits_non_zero(tmp_path: Pa
     path = tmp_path / "audit.log"
     path.write_text(content)
     for fmt in ("table", "json"):
-        result = cli("--audit-log", str(path), "--format", fmt)
+        result = cli("--audit-log", str(path), "-o", fmt)
         assert result.returncode == 2, (fmt, result.stdout, result.stderr)
         assert "nothing could be judged" in result.stderr
 
@@ -187,7 +187,7 @@ def test_table_format_streams_rows_then_the_summary() -> None:
 def test_table_columns_line_up_and_long_rule_lists_wrap_in_the_rules_column() -> None:
     """Every row's RULES and WRITER start at the header's columns, whatever the counts ("registered ->
     unbounded") and however many rules; a list wider than the column continues under it, broken after a comma,
-    and the whole list is in --format json."""
+    and the whole list is in -o json."""
     lines = cli("--audit-log", str(LOG)).stdout.split("\n\nSummary")[0].splitlines()
     header, rows = lines[0], lines[1:]
     for name in ("FINAL", "DECISION", "RULES", "WRITER"):
@@ -204,7 +204,7 @@ def test_table_columns_line_up_and_long_rule_lists_wrap_in_the_rules_column() ->
         if line.startswith("2026-"):
             rules = line[rules_at:writer_at]
             assert rules.endswith("  ") and len(rules.rstrip()) <= writer_at - rules_at - 2, line
-    events = json.loads(cli("--audit-log", str(LOG), "--format", "json").stdout)["events"]
+    events = json.loads(cli("--audit-log", str(LOG), "-o", "json").stdout)["events"]
     assert events[7]["rules"] == ["writer-identity", "count-ceiling", "count-rollback"]
 
 
@@ -212,12 +212,12 @@ def test_a_file_of_many_bad_lines_names_the_first_five_and_counts_the_rest(tmp_p
     path = tmp_path / "app.log"
     path.write_text("".join(f"2026-11-30 02:00:{i % 60:02d} INFO not an audit event {i}\n" for i in range(501)))
     for fmt in ("table", "json"):
-        result = cli("--audit-log", str(path), "--format", fmt)
+        result = cli("--audit-log", str(path), "-o", fmt)
         assert result.returncode == 2, (fmt, result.stderr)
         lines = result.stderr.splitlines()
         assert lines == [f"replay: {path}:{n}: not a JSON object (truncated or corrupt line)"
                          for n in range(1, 6)] + [
-            "replay: and 496 more bad line(s) (--format json lists the first 100)",
+            "replay: and 496 more bad line(s) (-o json lists the first 100)",
             "replay: nothing could be judged, and 501 line(s) were not audit events: is this a kube-apiserver "
             "audit log (JSON lines of audit.k8s.io/v1 Event)?"], fmt
         if fmt == "json":
@@ -236,7 +236,7 @@ def test_gzip_rotated_files_in_any_order_and_a_truncated_gzip(tmp_path: Path) ->
     with gzip.open(older, "wb") as f:
         f.writelines(lines[:9])
     newer.write_bytes(b"".join(lines[9:]))
-    result = cli("--audit-log", str(newer), "--audit-log", str(older), "--format", "json")
+    result = cli("--audit-log", str(newer), "--audit-log", str(older), "-o", "json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert rows_of(doc["events"]) == [tuple(e) for e in EXPECTED]
@@ -244,7 +244,7 @@ def test_gzip_rotated_files_in_any_order_and_a_truncated_gzip(tmp_path: Path) ->
 
     broken = tmp_path / "broken.log.gz"
     broken.write_bytes(gzip.compress(b"".join(lines))[:-200])
-    result = cli("--audit-log", str(broken), "--format", "json")
+    result = cli("--audit-log", str(broken), "-o", "json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert "compressed stream broken" in result.stderr
@@ -252,7 +252,7 @@ def test_gzip_rotated_files_in_any_order_and_a_truncated_gzip(tmp_path: Path) ->
 
 
 def test_events_later_than_the_reorder_window_are_replayed_as_they_come_and_counted() -> None:
-    result = cli("--audit-log", str(LOG), "--format", "json", "--reorder-window", "0s")
+    result = cli("--audit-log", str(LOG), "-o", "json", "--reorder-window", "0s")
     doc = json.loads(result.stdout)
     assert doc["summary"]["order"] == {"reordered": 1, "late": 1}
     assert [e["time"][11:19] for e in doc["events"]][4:6] == ["02:03:20", "02:03:12"]  # after the registration
@@ -260,7 +260,7 @@ def test_events_later_than_the_reorder_window_are_replayed_as_they_come_and_coun
 
 def test_guard_audit_records_for_the_audit_commands(tmp_path: Path) -> None:
     out = tmp_path / "guard-audit.log"
-    result = cli("--audit-log", str(LOG), "--guard-audit-out", str(out), "--format", "json")
+    result = cli("--audit-log", str(LOG), "--guard-audit-out", str(out), "-o", "json")
     assert result.returncode == 0, result.stderr
     records = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["endpoint"] for r in records].count("mutate") == 8  # the CREATE and the registration are judged too

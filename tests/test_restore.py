@@ -164,7 +164,7 @@ def test_the_same_update_from_someone_who_is_not_an_approver_is_denied_by_the_gu
     apiserver.load([csinode(39, 25)])
     read = apiserver.get(CSINODES, NODE)
     assert read is not None
-    assert restore(kubeconfig, "--state-key-file", str(key_file), "--dry-run").returncode == 0
+    assert restore(kubeconfig, "--state-key-file", str(key_file), "--dry-run=server").returncode == 0
     [put] = puts(apiserver)
 
     request = parse_review(json.dumps(review(read, put.body, user="bob", groups=["system:authenticated"])))
@@ -200,12 +200,38 @@ def test_restore_gives_up_after_five_conflicts(apiserver: FakeApiServer, kubecon
     assert "the update was refused; nothing changed: the API server answered 409 Conflict" in result.stderr
 
 
-def test_restore_dry_run_prints_the_change_and_sends_a_server_side_dry_run(
+def test_the_deprecated_bare_dry_run_of_restore_is_a_server_dry_run_and_warns(
     apiserver: FakeApiServer, kubeconfig: str, key_file: Path
 ) -> None:
     apiserver.load([csinode(39, 25)])
 
     result = restore(kubeconfig, "--state-key-file", str(key_file), "--dry-run")
+
+    assert result.returncode == 0, result.stderr
+    assert "--dry-run without a value is deprecated" in result.stderr and "--dry-run=server" in result.stderr
+    [put] = puts(apiserver)
+    assert put.query["dryRun"] == "All"
+
+
+def test_restore_client_dry_run_prints_the_change_and_sends_nothing(
+    apiserver: FakeApiServer, kubeconfig: str, key_file: Path
+) -> None:
+    apiserver.load([csinode(39, 25)])
+
+    result = restore(kubeconfig, "--state-key-file", str(key_file), "--dry-run=client")
+
+    assert result.returncode == 0, result.stderr
+    assert f"spec.drivers[{EBS}].allocatable.count: 39 -> 25" in result.stdout
+    assert "client dry run: nothing was sent" in result.stdout
+    assert puts(apiserver) == []
+
+
+def test_restore_dry_run_prints_the_change_and_sends_a_server_side_dry_run(
+    apiserver: FakeApiServer, kubeconfig: str, key_file: Path
+) -> None:
+    apiserver.load([csinode(39, 25)])
+
+    result = restore(kubeconfig, "--state-key-file", str(key_file), "--dry-run=server")
 
     assert result.returncode == 0, result.stderr
     assert f"spec.drivers[{EBS}].allocatable.count: 39 -> 25" in result.stdout

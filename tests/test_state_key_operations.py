@@ -33,6 +33,8 @@ def test_without_its_state_key_the_guard_exits_and_never_serves(tmp_path: Path) 
     )
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"state key file {missing} does not exist" in result.stderr  # and it exited (run()'s timeout: 60 s)
+    assert f"make one with `csinode-guard certs generate --cert-dir {missing.parent}`" in result.stderr, "says how"
+    assert "csinode-guard-state-key" in result.stderr, "or where the cluster's key is"
     with socket.socket() as probe:  # nothing ever listened: a readiness probe fails, the Service has no endpoint
         assert probe.connect_ex(("127.0.0.1", port)) != 0
     assert not missing.exists()  # a named key file is never generated

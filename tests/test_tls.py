@@ -883,15 +883,19 @@ def test_cli_generate_writes_the_files_with_0600_keys_and_then_leaves_them(tmp_p
         "ca-bundle.crt",
         "ca.crt",
         "ca.key",
+        "state.key",
         "tls.crt",
         "tls.key",
     ]
     assert stat.S_IMODE((cert_dir / "ca.key").stat().st_mode) == 0o600
     assert stat.S_IMODE((cert_dir / "tls.key").stat().st_mode) == 0o600
-    assert first.stdout.count("wrote ") == 5
+    assert stat.S_IMODE((cert_dir / "state.key").stat().st_mode) == 0o600, "the state key serve --state-key-file reads"
+    assert first.stdout.count("wrote ") == 6
     assert SERVICE_HOSTNAME in first.stdout
+    key = (cert_dir / "state.key").read_bytes()
     assert second.returncode == 0, second.stderr
-    assert "nothing written" in second.stdout
+    assert "nothing written" in second.stdout and "state key present; kept" in second.stdout
+    assert (cert_dir / "state.key").read_bytes() == key, "never replaced: it would orphan every stored state"
 
 
 def test_cli_rotate_runs_a_ca_rotation(tmp_path: Path) -> None:

@@ -563,11 +563,11 @@ def test_the_cli_prints_the_comment_and_both_objects(tmp_path: Path) -> None:
     docs = list(yaml.safe_load_all(out))
     assert [d["kind"] for d in docs] == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     target = tmp_path / "floor.yaml"
-    subprocess.run([sys.executable, "-m", "webhook", "policy", "export", "--format", "vap", "-f", str(target)],
-                   capture_output=True, text=True, timeout=60, check=True)
+    subprocess.run([sys.executable, "-m", "webhook", "policy", "export", "--format", "vap", "--output-file",
+                    str(target)], capture_output=True, text=True, timeout=60, check=True)
     assert target.read_text("utf-8") == out
     bad = tmp_path / "bad.yaml"
     bad.write_text("kind: GuardPolicy\n", "utf-8")
     failed = subprocess.run([sys.executable, "-m", "webhook", "policy", "export", "--format", "vap",
-                             "--policy", str(bad)], capture_output=True, text=True, timeout=60, check=False)
+                             "-f", str(bad)], capture_output=True, text=True, timeout=60, check=False)
     assert failed.returncode == 1 and "bad.yaml" in failed.stderr and not failed.stdout

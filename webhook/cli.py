@@ -26,6 +26,8 @@ COMMANDS: Mapping[str, str] = {
     "restore": "webhook.commands.restore:restore",
     "preflight": "webhook.commands.preflight:preflight",
     "status": "webhook.commands.status:status",
+    "uninstall": "webhook.commands.uninstall:uninstall",
+    "completion": "webhook.commands.completion:completion",
 }
 """``csinode-guard``'s subcommands: name -> ``module:attribute`` of the click command."""
 PLUGIN_COMMANDS = ("status", "preflight", "restore")
@@ -52,17 +54,33 @@ class LazyGroup(click.Group):
         command = getattr(importlib.import_module(module), attribute)
         if not isinstance(command, click.Command):  # pragma: no cover - COMMANDS names click commands
             raise TypeError(f"{target} is not a click command")
+        _add_exit_codes(command)
         return command
 
 
+def _add_exit_codes(command: click.Command) -> None:
+    """The exit code table (``webhook.commands.options.EXIT_CODES_HELP``) as the epilog of ``command`` and, for a
+    group, of each of its subcommands."""
+    from webhook.commands.options import EXIT_CODES_HELP  # noqa: PLC0415
+
+    if not command.epilog:
+        command.epilog = EXIT_CODES_HELP
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _add_exit_codes(sub)
+
+
 @click.group(cls=LazyGroup, lazy=COMMANDS,
-             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110},
+             epilog="Exit codes (every command): 0 ok; 1 findings or failure; 2 usage; 3 no cluster (none "
+             "configured, cannot load it, no answer); 4 blocking findings (preflight FAIL). See docs/cli.md.")
 @click.version_option(__version__, prog_name="csinode-guard")
 def main() -> None:
     """csinode-guard: guards writes to CSINode.spec.drivers[].allocatable.count (KEP-4876).
 
     Options can also be set by environment variable: CSINODE_GUARD_<OPTION> (e.g. CSINODE_GUARD_PORT=8443),
-    as each command's --help shows.
+    as each command's --help shows. Conventions are kubectl's: -o/--output table|wide|json|yaml, -f/--filename
+    for input files, --dry-run=none|client|server; shell completion: csinode-guard completion bash|zsh|fish.
     """
 
 

@@ -469,6 +469,6 @@ def test_the_vap_overlay_ships_what_policy_export_builds_from_the_default_policy
 
     shipped = (DEPLOY / "overlays" / "vap" / "floor.yaml").read_text("utf-8")
     policy = load_policy(REPO / "policies" / "default.yaml")
-    regenerate = "csinode-guard policy export --format vap -f deploy/overlays/vap/floor.yaml"
+    regenerate = "csinode-guard policy export --format vap --output-file deploy/overlays/vap/floor.yaml"
     assert shipped == export_vap(policy), f"regenerate it: {regenerate}"
     assert rendered["overlays/vap"] == build_vap_objects(policy)

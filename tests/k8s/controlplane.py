@@ -225,6 +225,16 @@ class ControlPlane:
             self._user_kubeconfigs[key] = Path(self._cluster_sh("user-kubeconfig", str(self.dir), name, *groups))
         return self._user_kubeconfigs[key]
 
+    @property
+    def state_key(self) -> Path:
+        """The cluster's one state key (as Secret csinode-guard-state-key is in a real cluster): every guard of
+        this control plane signs and verifies with it unless a test gives one its own ``certs/state.key``."""
+        path = self.dir / "state.key"
+        if not path.exists():
+            path.write_text(uuid.uuid4().hex + uuid.uuid4().hex + "\n")
+            path.chmod(0o600)
+        return path
+
     def serving_cert(self, name: str) -> tuple[Path, Path]:
         """``(crt, key)`` of a serving certificate for 127.0.0.1/localhost signed by the cluster CA."""
         crt = self.dir / "pki" / f"{name}.crt"
@@ -464,7 +474,8 @@ class Guard:
     ``csinode-guard register --url`` under configuration name ``name``.
 
     Its TLS certificate is :meth:`ControlPlane.serving_cert` (cluster CA, SAN 127.0.0.1); ``cert_dir`` holds
-    ``tls.crt``, ``tls.key``, ``ca.crt`` (the cluster CA, the caBundle ``register`` sends) and ``state.key``.
+    ``tls.crt``, ``tls.key``, ``ca.crt`` (the cluster CA, the caBundle ``register`` sends) and ``state.key`` (the
+    control plane's :attr:`ControlPlane.state_key`, unless the test wrote one of its own first).
     """
 
     control_plane: ControlPlane
@@ -518,7 +529,7 @@ class Guard:
         shutil.copyfile(self.control_plane.ca_crt, self.cert_dir / "ca.crt")
         state_key = self.cert_dir / "state.key"
         if not state_key.exists():
-            state_key.write_text(uuid.uuid4().hex + uuid.uuid4().hex + "\n")
+            shutil.copyfile(self.control_plane.state_key, state_key)
             state_key.chmod(0o600)
 
     def csinode_guard(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

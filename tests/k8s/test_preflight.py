@@ -135,11 +135,11 @@ def test_a_wrong_ca_bundle_and_a_missing_guard_fail(
     result = preflight(control_plane, "-o", "json", "--name", guard.name, "--scheduler-version", "v1.36.2")
     row = find(rows(result), "guard MutatingWebhookConfiguration", "does not verify")
     assert row["status"] == "FAIL" and "not signed by a CA in caBundle" in row["checked"]
-    assert result.returncode == 2
-    assert json.loads(result.stdout)["exitCode"] == 2
+    assert result.returncode == 4, "a FAIL blocks: exit code 4 (docs/cli.md)"
+    assert json.loads(result.stdout)["exitCode"] == 4
 
     missing = preflight(control_plane, "-o", "json", "--name", unique("absent"))
-    assert missing.returncode == 2
+    assert missing.returncode == 4
     assert find(rows(missing), "guard ValidatingWebhookConfiguration", "not found")["status"] == "FAIL"
 
 
@@ -191,7 +191,7 @@ def test_a_guard_behind_a_service_is_checked_through_its_tls_secret_and_deployme
     replicas = find(checks, "guard Deployment", "replicas ready")
     assert replicas["status"] == "FAIL" and replicas["checked"] == "0/2 replicas ready"  # no controller runs here
     assert f"kubectl -n {namespace} describe deployment csinode-guard" in replicas["action"]
-    assert result.returncode == 2
+    assert result.returncode == 4
 
 
 def test_during_the_install_the_deployment_is_found_before_the_webhooks_exist(control_plane: ControlPlane) -> None:

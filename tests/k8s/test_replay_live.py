@@ -53,7 +53,7 @@ def test_replay_of_the_apiservers_audit_log_equals_the_live_decisions_and_etcd(
     wait_until(lambda: len(cp.audit_events(csinode_writes(node))) >= len(live), what="all writes audited")
 
     out = guard.csinode_guard("replay", "--audit-log", str(cp.audit_log), "--policy", str(policy),
-                              "--format", "json", "--no-progress")
+                              "-o", "json", "--no-progress")
     replayed = [r for r in json.loads(out.stdout)["events"] if r["node"] == node]
 
     def decision(record: dict[str, Any]) -> tuple[Any, ...]:

@@ -40,7 +40,7 @@ def test_restore_puts_back_the_trusted_count_after_an_unjudged_increase(
     args = ("restore", node, "--driver", EBS, "--reason", "driver reported a bogus limit", "--ticket", "INC-7",
             "--state-key-file", str(guard.cert_dir / "state.key"), "--kubeconfig", str(alice))
 
-    dry = guard.csinode_guard(*args, "--dry-run")
+    dry = guard.csinode_guard(*args, "--dry-run=server")
     assert "39" in dry.stdout and "23" in dry.stdout, dry.stdout
     assert counts(cp.get_csinode(node)) == {EBS: 39}
 

@@ -39,8 +39,9 @@ def _policy(tmp_path: Path) -> Path:
 def _export(policy: Path, name: str, target: Path) -> None:
     import subprocess  # noqa: PLC0415
 
-    subprocess.run([sys.executable, "-m", "webhook", "policy", "export", "--format", "vap", "--policy", str(policy),
-                    "--name", name, "-f", str(target)], check=True, capture_output=True, text=True, timeout=60)
+    subprocess.run([sys.executable, "-m", "webhook", "policy", "export", "--format", "vap", "-f", str(policy),
+                    "--name", name, "--output-file", str(target)], check=True, capture_output=True, text=True,
+                   timeout=60)
 
 
 @pytest.fixture

@@ -4,13 +4,24 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import click
 
+from webhook.admission.decision import Decision
+from webhook.admission.standing import AUDIT_ENDPOINT
+from webhook.commands.options import (
+    EXIT_FINDINGS,
+    EXIT_USAGE,
+    deprecated_alias,
+    echo_document,
+    output_option,
+    take_deprecated,
+)
+from webhook.kube.repair import RepairResult
 from webhook.simulation.audit_queries import (
     AuditSummary,
     LogRecord,
@@ -25,11 +36,16 @@ from webhook.simulation.count_timeline import (
     MissingDependencyError,
     UnsupportedFormatError,
     build_timeline,
+    clamps_by_rule,
     off_scale_counts,
     render_timeline,
 )
 
-_DECISIONS = ["allow", "warn", "clamp", "deny", "invalid", "skip", "error"]
+ENDPOINTS = ["mutate", "validate", AUDIT_ENDPOINT]
+"""Every ``endpoint`` a record has: admission's two, and the background audit's."""
+DECISIONS = list(dict.fromkeys([*(d.value for d in Decision), "error", "standing-violation",
+                                *(r.value for r in RepairResult)]))
+"""Every ``decision`` a record has: admission's, and the audit's (a standing violation, a repair's result)."""
 
 
 @click.group("audit")
@@ -54,12 +70,15 @@ def _filters(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--node", "nodes", multiple=True, help="Node name or glob (repeatable)."),
         click.option("--driver", "drivers", multiple=True, help="Driver name or glob (repeatable)."),
         click.option("--rule", "rules", multiple=True, help="Records where this rule found a violation."),
-        click.option("--decision", "decisions", multiple=True, type=click.Choice(_DECISIONS)),
+        click.option("--decision", "decisions", multiple=True, type=click.Choice(DECISIONS),
+                     help="Records with this decision (repeatable): admission's allow ... error, the audit's "
+                     "standing-violation and a repair's repaired, conflict, refused, dry-run."),
         click.option("--user", "users", multiple=True, help="Writer (userInfo.username) or glob."),
         click.option("--dry-run/--no-dry-run", "dry_run", default=None,
                      help="Only the apiserver's dry-run requests, or none of them."),
-        click.option("--endpoint", type=click.Choice(["mutate", "validate"]),
-                     help="Only records of this endpoint (each write has a mutate and a validate record)."),
+        click.option("--endpoint", type=click.Choice(ENDPOINTS),
+                     help="Only records of this endpoint (each write has a mutate and a validate record; audit: "
+                     "the background audit's findings and repairs)."),
         click.option("--no-rotated", is_flag=True, help="Read only the files given, not their rotated siblings."),
         click.argument("logs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False,
                                                                            path_type=Path)),
@@ -102,7 +121,7 @@ def _exit_when_nothing_was_readable(stats: ReadStats) -> None:
     if stats.skipped and not stats.records:
         click.echo(f"audit: no csinode-guard audit record could be read, and {stats.skipped} line(s) were not "
                    "records: is this the guard's --audit-log (JSON lines)?", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
 
 
 def _counts(c: dict[str, Any]) -> str:
@@ -142,78 +161,152 @@ def _summary_text(s: AuditSummary, stats: ReadStats) -> list[str]:
     return lines
 
 
+def _legacy_format(kwargs: dict[str, Any], output: str) -> str:
+    """``-o`` as given, or the deprecated ``--format`` (``text`` -> ``table``) when that was given instead."""
+    legacy = take_deprecated(kwargs, "output")
+    if legacy is None:
+        return output
+    return "table" if legacy == "text" else str(legacy)
+
+
 @audit.command("summary")
 @_filters
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def summary_command(fmt: str, logs: tuple[Path, ...], no_rotated: bool, **kwargs: Any) -> None:
+@output_option(["table", "json", "yaml"], aliases={"text": "table"},
+               help="table: readable summary; json or yaml: every count.")
+@deprecated_alias("--format", "-o/--output", dest="output", type=click.Choice(["text", "table", "json"]))
+def summary_command(output: str, logs: tuple[Path, ...], no_rotated: bool, **kwargs: Any) -> None:
     """Counts by endpoint and decision, violations by rule, top nodes, drivers and writers, policy generations.
 
     Exit code 2 when the files held no audit record at all but other lines (the wrong file)."""
+    output = _legacy_format(kwargs, output)
     stats = ReadStats()
     flt = _build_filter(kwargs)
     result = summarize(query(read_records(list(logs), stats, rotated=not no_rotated), flt))
-    if fmt == "json":
+    if output in ("json", "yaml"):
         body = result.to_json()
         body["files"] = stats.files
         body["skippedLines"] = stats.skipped
-        click.echo(json.dumps(body, indent=2))
+        echo_document(body, output)
     else:
         click.echo("\n".join(_summary_text(result, stats)))
     _report_skipped(stats)
     _exit_when_nothing_was_readable(stats)
 
 
-def _row(r: LogRecord) -> str:
+QUERY_COLUMNS = (("TIME", 24), ("ENDPOINT", 8), ("NODE", 34), ("DRIVER", 24), ("CHANGE", 22), ("FINAL", 10),
+                 ("DECISION", 18), ("DRY-RUN", 7), ("WRITER", 28))
+"""``audit query``'s table: (header, width). A longer value is cut in the middle (``ip-10-0…internal``) so that
+every column stays where the header is; ``-o wide`` uses :data:`WIDE_COLUMNS`, json/yaml cut nothing. RULES is the
+last column."""
+WIDE_COLUMNS = (("TIME", 27), ("ENDPOINT", 8), ("NODE", 63), ("DRIVER", 48), ("CHANGE", 30), ("FINAL", 10),
+                ("DECISION", 18), ("DRY-RUN", 7), ("WRITER", 63), ("POLICY", 16))
+
+
+def show_count(value: Any) -> str:
+    """A count of a record as the table shows it: ``-`` for none (null), else its text (``unbounded`` too)."""
+    return "-" if value is None or value == "" else str(value)
+
+
+def show_change(d: Mapping[str, Any]) -> str:
+    """``old -> new``; ``new 25`` for a driver's first registration (no count before), ``-`` without a driver;
+    a re-registration is marked (``25 -> 39 (re-registration)``)."""
+    if not d.get("driver"):
+        return "-"
+    old, new = d.get("old"), d.get("new")
+    if old is None and d.get("endpoint") != AUDIT_ENDPOINT:
+        return f"new {show_count(new)}"
+    text = f"{show_count(old)} -> {show_count(new)}"
+    return f"{text} (re-registration)" if d.get("registration") else text
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` padded to ``width``, or cut in the middle with an ellipsis when longer (both ends stay: node
+    names differ at either)."""
+    if len(text) <= width:
+        return text.ljust(width)
+    head = (width - 1) // 2
+    return text[:head] + "\u2026" + text[len(text) - (width - 1 - head):]
+
+
+def query_row(r: LogRecord, *, wide: bool = False) -> str:
+    """One record as a line of the table (:data:`QUERY_COLUMNS`, or :data:`WIDE_COLUMNS` with ``wide``)."""
     d = r.data
-    change = f"{d.get('old', '-')} -> {d.get('new', '-')}" if d.get("driver") else "-"
+    cells = [str(d.get("time") or "-"), str(d.get("endpoint") or "-"), str(d.get("node") or "-"),
+             str(d.get("driver") or "-"), show_change(d), show_count(d.get("final")),
+             str(d.get("decision") or "-"), "yes" if d.get("dryRun") else "no", str(d.get("user") or "-")]
+    columns = WIDE_COLUMNS if wide else QUERY_COLUMNS
+    if wide:
+        cells.append(str(d.get("policyHash") or "-"))
     rules = ",".join(r.fired()) or "-"
-    dry = " (dry run)" if d.get("dryRun") else ""
-    return (f"{d.get('time', ''):24} {d.get('endpoint', ''):8} {d.get('node') or '-':34} {d.get('driver') or '-':24} "
-            f"{change:18} {d.get('final', '-')!s:9} {d.get('decision', ''):8} {rules}  {d.get('user') or '-'}{dry}")
+    return " ".join(fit(c, w) for c, (_, w) in zip(cells, columns, strict=True)) + " " + rules
+
+
+def query_header(*, wide: bool = False) -> str:
+    """The table's header line."""
+    columns = WIDE_COLUMNS if wide else QUERY_COLUMNS
+    return " ".join(name.ljust(w) for name, w in columns) + " RULES"
 
 
 @audit.command("query")
 @_filters
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="table: one line per record; json: the matching records as JSON lines.")
+@output_option(["table", "wide", "json", "yaml"],
+               help="table: one line per record, fixed columns; wide: wider columns and the policy hash; json: "
+               "the matching records as JSON lines, whole; yaml: as YAML documents.")
+@deprecated_alias("--format", "-o/--output", dest="output", type=click.Choice(["table", "json"]))
 @click.option("--limit", type=click.IntRange(min=1), help="Stop after this many records.")
-def query_command(fmt: str, limit: int | None, logs: tuple[Path, ...], no_rotated: bool, **kwargs: Any) -> None:
-    """Print the records that match the filters, oldest first. Exit code 1 when none match, 2 when the files
-    held no audit record at all but other lines (the wrong file)."""
+def query_command(output: str, limit: int | None, logs: tuple[Path, ...], no_rotated: bool, **kwargs: Any) -> None:
+    """Print the records that match the filters, oldest first. Every record kind can be selected: --endpoint
+    audit and --decision standing-violation (the background audit) as well as admission's. A registration shows
+    as new 25, a dry run (the apiserver's dryRun, --reconcile-dry-run) as DRY-RUN yes.
+
+    Exit code 1 when none match, 2 when the files held no audit record at all but other lines (the wrong
+    file)."""
+    output = _legacy_format(kwargs, output)
     stats = ReadStats()
     flt = _build_filter(kwargs)
-    if fmt == "table":
-        click.echo(f"{'TIME':24} {'ENDPOINT':8} {'NODE':34} {'DRIVER':24} {'OLD -> NEW':18} {'FINAL':9} "
-                   f"{'DECISION':8} RULES  WRITER")
+    if output in ("table", "wide"):
+        click.echo(query_header(wide=output == "wide"))
     n = 0
     for r in query(read_records(list(logs), stats, rotated=not no_rotated), flt, limit):
         n += 1
-        click.echo(json.dumps(r.data, separators=(",", ":")) if fmt == "json" else _row(r))
+        if output == "json":
+            click.echo(json.dumps(r.data, separators=(",", ":")))
+        elif output == "yaml":
+            click.echo("---")
+            echo_document(r.data, "yaml")
+        else:
+            click.echo(query_row(r, wide=output == "wide"))
     _report_skipped(stats)
     _exit_when_nothing_was_readable(stats)
     if n == 0:
         click.echo("audit: no matching records", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_FINDINGS)
 
 
 @audit.command("timeline")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--node", required=True, help="Node (CSINode) name.")
 @click.option("--driver", required=True, help="CSI driver name.")
-@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Picture to write (timeline.png; the suffix picks the format).")
+@click.option("--output-file", "output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Picture to write (timeline.png; the suffix picks the format). Required.")
+@deprecated_alias("--output", "--output-file", dest="output", type=click.Path(dir_okay=False, path_type=Path))
+@deprecated_alias("-o", "--output-file", dest="o", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--since", help="Start at this time: RFC 3339, a date, or a duration ago (2h).")
 @click.option("--until", help="End before this time.")
 @click.option("--no-rotated", is_flag=True, help="Read only the files given, not their rotated siblings.")
-def timeline_command(logs: tuple[Path, ...], node: str, driver: str, output: Path, since: str | None,
-                     until: str | None, no_rotated: bool) -> None:
-    """Draw one entry's count over time with clamps, denials, corrections and freezes marked (incident review).
+def timeline_command(logs: tuple[Path, ...], node: str, driver: str, output: Path | None, since: str | None,
+                     until: str | None, no_rotated: bool, **kwargs: Any) -> None:
+    """Draw one entry's count over time with clamps (each labelled with the rules that clamped it), denials,
+    corrections, freezes and the count-ceiling's ceiling marked (incident review).
 
     The y axis fits the plausible counts: 2147483647 and counts far above the others are drawn at the top edge
     and labelled with their value (the output line lists them).
 
     Needs matplotlib: pip install 'csinode-guard[timeline]'.
     """
+    output = output or take_deprecated(kwargs, "output") or take_deprecated(kwargs, "o")
+    if output is None:
+        raise click.UsageError("Missing option '--output-file' (the picture to write, e.g. timeline.png)")
     flt = RecordFilter(since=_when(since, "--since"), until=_when(until, "--until"))
     stats = ReadStats()
     points = build_timeline(query(read_records(list(logs), stats, rotated=not no_rotated), flt), node, driver)
@@ -231,5 +324,7 @@ def timeline_command(logs: tuple[Path, ...], node: str, driver: str, output: Pat
         counts[p.decision] = counts.get(p.decision, 0) + 1
     off_scale = off_scale_counts(points)
     edge = f"; off the scale, marked at the top edge: {', '.join(map(str, off_scale))}" if off_scale else ""
+    by_rule = clamps_by_rule(points)
+    clamps = f"; clamps by rule: {', '.join(f'{k} {v}' for k, v in by_rule.items())}" if by_rule else ""
     click.echo(f"{output}: {len(points)} writes ({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}), "
-               f"{sum(1 for p in points if p.frozen)} freeze(s){edge}")
+               f"{sum(1 for p in points if p.frozen)} freeze(s){clamps}{edge}")

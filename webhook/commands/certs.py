@@ -63,6 +63,7 @@ def certs() -> None:
       ca.crt, ca.key   the CA that signs the serving certificate
       tls.crt, tls.key the serving certificate (what the server loads)
       ca-bundle.crt    what goes into the webhook configurations' caBundle
+      state.key        the HMAC key of the guard's signed state (certs generate; serve --state-key-file)
     Private keys are written with mode 0600; every file is replaced atomically.
     A running server picks up a new tls.crt/tls.key within its check interval, without a restart.
     """
@@ -86,12 +87,12 @@ def generate(
     valid_days: int,
     force: bool,
 ) -> None:
-    """Create a CA and a serving certificate in --cert-dir, where missing.
+    """Create a CA, a serving certificate and a state key (state.key) in --cert-dir, where missing.
 
-    Existing files are kept; the serving certificate is reissued from the existing CA when it is missing,
-    expired, or lacks one of the requested names. Without --dns-name the names are those of Service
-    csinode-guard in namespace csinode-guard (<service>, <service>.<namespace>, <service>.<namespace>.svc,
-    <service>.<namespace>.svc.cluster.local).
+    Existing files are kept (the state key even with --force); the serving certificate is reissued from the
+    existing CA when it is missing, expired, or lacks one of the requested names. Without --dns-name the names
+    are those of Service csinode-guard in namespace csinode-guard (<service>, <service>.<namespace>,
+    <service>.<namespace>.svc, <service>.<namespace>.svc.cluster.local).
 
     \b
     Example:
@@ -105,6 +106,28 @@ def generate(
     except (tls.CertificateError, ValueError) as exc:
         raise click.ClickException(str(exc)) from exc
     _report(paths)
+    _ensure_state_key(cert_dir / STATE_KEY_FILE)
+
+
+STATE_KEY_FILE = "state.key"
+"""The state key ``certs generate`` makes next to the certificates: ``serve``'s default ``--state-key-file``."""
+
+
+def _ensure_state_key(path: Path) -> None:
+    """Make ``path`` a state key (one random 32-byte key, mode 0600) unless it exists; an existing key is never
+    replaced, even with --force: a new key makes every stored state unverifiable (docs/operations.md)."""
+    from webhook.admission.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
+
+    existed = path.exists()
+    try:
+        ensure_state_key(path)
+    except (StateKeyError, OSError) as exc:
+        raise click.ClickException(f"{path}: {exc}") from exc
+    if existed:
+        click.echo(f"{path}: state key present; kept (a new key would make the stored states unverifiable)")
+    else:
+        click.echo(f"wrote {path} (mode {path.stat().st_mode & 0o777:04o}): the state key (serve --state-key-file); "
+                   "for a cluster that already has a guard, use its key instead (Secret csinode-guard-state-key)")
 
 
 @certs.command()

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 import click
 import yaml
@@ -13,11 +15,20 @@ from webhook.admission.node_labels import node_label_warnings
 from webhook.admission.policy import PolicyError, load_policy, load_profile
 from webhook.admission.safe_yaml import load_yaml
 from webhook.admission.version_trust import version_source_warnings
+from webhook.commands.options import (
+    EXIT_FINDINGS,
+    deprecated_alias,
+    echo_document,
+    output_option,
+    take_deprecated,
+)
 from webhook.kube.vap import VAP_NAME, export_vap
 from webhook.simulation.policy_test_files import KIND as TEST_KIND
 from webhook.simulation.policy_test_files import PolicyTestError, find_test_files, load_test_file
-from webhook.simulation.policy_test_report import format_junit, format_text, totals
+from webhook.simulation.policy_test_report import format_junit, format_text, report_json, totals
 from webhook.simulation.policy_tests import run_test_file
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 @click.group("policy")
@@ -54,10 +65,26 @@ def _validate_one(path: Path) -> tuple[bool, str, list[str]]:
         return False, f"{exc.source}: invalid: at {exc.path or '(document)'}: {exc.problem}", []
 
 
+def _files(positional: tuple[Path, ...], filenames: tuple[Path, ...]) -> list[Path]:
+    """The input files of a ``policy`` subcommand: ``-f/--filename`` (repeatable) and positional, in that order;
+    a usage error (exit code 2) when there are none."""
+    files = [*filenames, *positional]
+    if not files:
+        raise click.UsageError("no input: give files or directories (-f FILE or positional FILE...)")
+    return files
+
+
+def _filename_option(what: str) -> Callable[[F], F]:
+    return click.option("--filename", "-f", "filenames", multiple=True, type=click.Path(path_type=Path),
+                        help=f"{what} (repeatable; a directory stands for its *.yaml/*.yml files); positional "
+                        "files work too.")
+
+
 @policy.command("validate")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("paths", nargs=-1, type=click.Path(path_type=Path))
+@_filename_option("Policy, driver profile or policy test file to validate")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the files that are invalid.")
-def validate(paths: tuple[Path, ...], quiet: bool) -> None:
+def validate(paths: tuple[Path, ...], filenames: tuple[Path, ...], quiet: bool) -> None:
     """Validate policy files (also driver profiles and policy tests, told apart by their kind).
 
     A directory stands for every *.yaml/*.yml file below it. An invalid file is reported as
@@ -68,9 +95,10 @@ def validate(paths: tuple[Path, ...], quiet: bool) -> None:
     minVersion judged on versionSource kubelet (the node reports its own kubeletVersion).
     """
     bad = 0
-    files = find_test_files(list(paths))
+    given = _files(paths, filenames)
+    files = find_test_files(given)
     if not files:
-        raise click.ClickException("no policy files (*.yaml, *.yml) found in " + ", ".join(map(str, paths)))
+        raise click.ClickException("no policy files (*.yaml, *.yml) found in " + ", ".join(map(str, given)))
     for path in files:
         ok, line, warnings = _validate_one(path)
         if not ok:
@@ -81,64 +109,90 @@ def validate(paths: tuple[Path, ...], quiet: bool) -> None:
             click.echo(warning, err=True)
     if bad:
         click.echo(f"{bad} invalid file{'s' if bad != 1 else ''}", err=True)
-        sys.exit(1)
+        sys.exit(EXIT_FINDINGS)
 
 
 @policy.command("test")
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("paths", nargs=-1, type=click.Path(exists=True, path_type=Path))
+@_filename_option("Policy test file (kind: PolicyTest) or directory")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Run every test file against this policy instead of the one the file names.")
-@click.option("--output", type=click.Choice(["text", "junit"]), default="text", show_default=True,
-              help="text: readable report; junit: JUnit XML for CI systems.")
+@output_option(["table", "json", "yaml", "junit"], aliases={"text": "table"},
+               help="table: readable report; json/yaml: every file, case and step; junit: JUnit XML for CI systems.")
 @click.option("--output-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report here instead of standard output (the summary still goes to stderr).")
 @click.option("--verbose", "-v", is_flag=True, help="Show every step, not only failing ones.")
-def test(paths: tuple[Path, ...], policy_path: Path | None, output: str, output_file: Path | None,
-         verbose: bool) -> None:
+def test(paths: tuple[Path, ...], filenames: tuple[Path, ...], policy_path: Path | None, output: str,
+         output_file: Path | None, verbose: bool) -> None:
     """Run table-driven policy tests (kind: PolicyTest) from files or directories.
 
     Each case is a sequence of CSINode writes over time with the cluster facts at each moment; every write goes
     through /mutate, its patch and /validate as in a cluster, and is checked against its expect block. See
     policies/tests/ for examples. Exit code 0 when everything passed, 1 on any failure or unloadable file.
     """
-    files = find_test_files(list(paths))
+    files = find_test_files(_files(paths, filenames))
     if not files:
         raise click.ClickException("no test files (*.yaml, *.yml) found")
     results = [run_test_file(f, policy_path) for f in files]
-    report = format_junit(results) if output == "junit" else format_text(results, verbose=verbose)
-    if output_file is not None:
-        output_file.write_text(report, "utf-8")
+    if output in ("json", "yaml"):
+        if output_file is not None:
+            import json  # noqa: PLC0415
+
+            document = report_json(results)
+            text = json.dumps(document, indent=2) + "\n" if output == "json" else yaml.safe_dump(
+                document, sort_keys=False, width=10**9)
+            output_file.write_text(text, "utf-8")
+        else:
+            echo_document(report_json(results), output)
     else:
-        click.echo(report, nl=False)
+        report = format_junit(results) if output == "junit" else format_text(results, verbose=verbose)
+        if output_file is not None:
+            output_file.write_text(report, "utf-8")
+        else:
+            click.echo(report, nl=False)
     t = totals(results)
-    if output_file is not None or output == "junit":
+    if output_file is not None or output != "table":
         click.echo(f"{t.cases} cases: {t.passed} passed, {t.failed} failed"
                    + (f", {t.errors} could not run" if t.errors else ""), err=True)
     if t.failed or t.errors:
-        sys.exit(1)
+        sys.exit(EXIT_FINDINGS)
 
 
 @policy.command("export")
+@click.argument("path", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--filename", "-f", "filename", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The policy to export (or give it as the argument; default: the bundled default policy).")
+@deprecated_alias("--policy", "-f/--filename", dest="filename",
+                  type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--format", "export_format", type=click.Choice(["vap"]), default="vap",
               show_default=True, help="vap: a ValidatingAdmissionPolicy + ValidatingAdmissionPolicyBinding "
               "(admissionregistration.k8s.io/v1) enforcing the history-free part of the policy.")
-@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="The policy to export (default: the bundled default policy).")
 @click.option("--name", default=VAP_NAME, show_default=True, help="metadata.name of both objects.")
-@click.option("--output-file", "-f", type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--output-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the YAML here instead of standard output.")
-def export(export_format: str, policy_path: Path | None, name: str, output_file: Path | None) -> None:
+def export(path: Path | None, filename: Path | None, export_format: str, name: str, output_file: Path | None,
+           **kwargs: Path | None) -> None:
     """Export the policy's history-free rules as objects the apiserver enforces itself.
 
     The ValidatingAdmissionPolicy refuses, per driver the policy enforces: a bounded count becoming unbounded,
     an increase to 2147483647, an increase above the driver's highest possible ceiling, an increase larger than
     maxStepUp, and count changes by anyone but the node's kubelet or the policy's writers. It holds while the
     guard is down or unregistered; registrations, removals, CREATE and DELETE always pass. What it cannot
-    express is listed in a comment at the top. Apply with kubectl apply -f, or deploy/overlays/vap.
+    express is listed in a comment at the top. Apply with kubectl apply -f, or deploy/overlays/vap; uninstall
+    removes it.
+
+    \b
+    Example:
+      csinode-guard policy export -f policy.yaml --output-file floor.yaml
+      csinode-guard policy export policy.yaml | kubectl apply -f -
     """
     del export_format  # one format so far
+    legacy = take_deprecated(kwargs, "filename")
+    given = [p for p in (path, filename, legacy) if p is not None]
+    if len(given) > 1:
+        raise click.UsageError("give the policy once: as the argument or with -f/--filename")
     try:
-        loaded = load_policy(policy_path)
+        loaded = load_policy(given[0] if given else None)
     except PolicyError as exc:
         raise click.ClickException(str(exc)) from None
     text = export_vap(loaded, name=name)

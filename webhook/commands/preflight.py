@@ -1,9 +1,9 @@
 """``csinode-guard preflight``: the upgrade gate. Reads the cluster (:mod:`webhook.kube.preflight_gather`) and judges
-it (:mod:`webhook.kube.preflight`); exit code 0 / 1 / 2 for OK / WARN / FAIL, 3 when the cluster cannot be read."""
+it (:mod:`webhook.kube.preflight`); exit code 0 / 1 / 4 for OK / WARN / FAIL, 3 when the cluster cannot be read (the
+table of every command: :mod:`webhook.commands.options`, docs/cli.md)."""
 
 from __future__ import annotations
 
-import json
 import shutil
 from datetime import UTC, datetime
 from pathlib import Path
@@ -11,18 +11,24 @@ from pathlib import Path
 import click
 
 from webhook.admission.policy import PolicyError, load_policy
-from webhook.commands.options import cluster_options, connect
+from webhook.commands.options import (
+    EXIT_BLOCKING,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    NoClusterError,
+    cluster_options,
+    connect,
+    echo_document,
+    output_option,
+)
 from webhook.kube import kubeapi
 from webhook.kube.preflight import TABLE_WIDTH, exit_code, format_checks, run_checks
 from webhook.kube.registration import CONFIGURATION_NAME
 
-EXIT_CANNOT_RUN = 3
-
-
-class CannotRunError(click.ClickException):
-    """No cluster to check: exit code 3, apart from the checks' 0/1/2."""
-
-    exit_code = EXIT_CANNOT_RUN
+CannotRunError = NoClusterError
+"""No cluster to check: exit code 3."""
+EXIT_BY_SEVERITY = {0: EXIT_OK, 1: EXIT_FINDINGS, 2: EXIT_BLOCKING}
+"""The worst check's severity (:func:`webhook.kube.preflight.exit_code`: OK 0, WARN 1, FAIL 2) -> the exit code."""
 
 
 @click.command("preflight")
@@ -38,8 +44,9 @@ class CannotRunError(click.ClickException):
               "csinode-guard as in deploy/).")
 @click.option("--deployment", "deployment_name", metavar="NAME",
               help="Name of the guard's Deployment (default: the Service's name, else csinode-guard as in deploy/).")
-@click.option("--output", "-o", type=click.Choice(["table", "wide", "json"]), default="table", show_default=True,
-              help="table: wrapped to the terminal's width ($COLUMNS); wide: one line per check; json: everything.")
+@output_option(["table", "wide", "json", "yaml"],
+               help="table: wrapped to the terminal's width ($COLUMNS); wide: one line per check; json or yaml: "
+               "everything, whole.")
 @cluster_options
 def preflight(
     *, scheduler_version: str | None, policy_path: Path | None, configuration_name: str,
@@ -58,7 +65,7 @@ def preflight(
                     handshake, else Secret csinode-guard-tls), matchConditions, failurePolicy; the
                     Deployment's ready replicas (read directly: also before the webhooks exist)
 
-    Exit code: 0 all OK, 1 some WARN, 2 some FAIL, 3 the cluster could not be read. Needs get/list on those
+    Exit code: 0 all OK, 1 some WARN, 4 some FAIL (blocking), 3 the cluster could not be read. Needs get/list on those
     objects and update on csinodes (the probe is a dry run: nothing is stored).
     """
     from webhook.kube.preflight_gather import gather_facts  # noqa: PLC0415
@@ -78,9 +85,10 @@ def preflight(
     if facts.server_version is None and facts.errors.get("CSINode"):
         raise CannotRunError(f"cannot read the cluster: {facts.server_version_error or facts.errors['CSINode']}")
     checks = run_checks(facts, policy)
-    if output == "json":
-        click.echo(json.dumps({"checks": [c.to_json() for c in checks], "exitCode": exit_code(checks)}, indent=2))
+    code = EXIT_BY_SEVERITY[exit_code(checks)]
+    if output in ("json", "yaml"):
+        echo_document({"checks": [c.to_json() for c in checks], "exitCode": code}, output)
     else:
         width = None if output == "wide" else shutil.get_terminal_size((TABLE_WIDTH, 24)).columns
         click.echo(format_checks(checks, width), nl=False)
-    raise SystemExit(exit_code(checks))
+    raise SystemExit(code)

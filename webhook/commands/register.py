@@ -18,7 +18,14 @@ from urllib.parse import urlsplit
 import click
 from cryptography import x509
 
-from webhook.commands.options import api_failure, cluster_options, connect
+from webhook.commands.options import (
+    EXIT_FINDINGS,
+    api_failure,
+    cluster_options,
+    connect,
+    dry_run_option,
+    progress,
+)
 from webhook.kube import kubeapi
 from webhook.kube.one_call import CHOSEN_MODES, VALIDATION_AUTO, choose_validation
 from webhook.kube.registration import (
@@ -111,8 +118,9 @@ def _merged_metadata(desired: Mapping[str, Any], existing: Mapping[str, Any]) ->
     return metadata
 
 
-def apply_configuration(client: kubeapi.KubeClient, obj: Mapping[str, Any]) -> str:
-    """Create ``obj`` or replace the object of its name (get, then create or PUT with its resourceVersion).
+def apply_configuration(client: kubeapi.KubeClient, obj: Mapping[str, Any], *, dry_run: bool = False) -> str:
+    """Create ``obj`` or replace the object of its name (get, then create or PUT with its resourceVersion); with
+    ``dry_run``, both as a server-side dry run (``dryRun=All``: validated, nothing stored).
 
     Returns ``created``, ``configured`` or ``unchanged`` (the apiserver keeps the resourceVersion of an update
     that changes nothing). Retries a lost race (409) up to :data:`ATTEMPTS` times.
@@ -126,11 +134,11 @@ def apply_configuration(client: kubeapi.KubeClient, obj: Mapping[str, Any]) -> s
             except kubeapi.KubeApiError as exc:
                 if not exc.not_found:
                     raise
-                client.create(resource, obj, field_manager=FIELD_MANAGER)
+                client.create(resource, obj, field_manager=FIELD_MANAGER, dry_run=dry_run)
                 return "created"
             body = dict(copy.deepcopy(obj))
             body["metadata"] = _merged_metadata(obj["metadata"], existing)
-            stored = client.replace(resource, body, field_manager=FIELD_MANAGER)
+            stored = client.replace(resource, body, field_manager=FIELD_MANAGER, dry_run=dry_run)
             before = existing["metadata"].get("resourceVersion")
             return "unchanged" if stored.get("metadata", {}).get("resourceVersion") == before else "configured"
         except kubeapi.KubeApiError as exc:
@@ -173,7 +181,8 @@ def apply_configuration(client: kubeapi.KubeClient, obj: Mapping[str, Any]) -> s
     "to /validate (two calls). cel: the apiserver sends it only where the final counts are not the ones the "
     "state /mutate wrote records (one call for a kubelet write; see docs/registration.md, One call).",
 )
-@click.option("--dry-run", is_flag=True, help="Print the YAML that would be applied; contact no cluster.")
+@dry_run_option(bare="client", what="client: print the YAML that would be applied, contact no cluster; server: "
+                "send it as a server-side dry run (dryRun=All: validated by the apiserver, nothing stored).")
 @cluster_options
 def register(
     *,
@@ -184,7 +193,7 @@ def register(
     url: str | None,
     name: str,
     validation: str,
-    dry_run: bool,
+    dry_run: str,
     kubeconfig: str | None,
     context: str | None,
 ) -> None:
@@ -200,8 +209,12 @@ def register(
 
     \b
     Example:
-      csinode-guard register --url https://10.0.0.5:8443 --cert-dir certs --dry-run
+      csinode-guard register --url https://10.0.0.5:8443 --cert-dir certs --dry-run=client
       csinode-guard register --url https://10.0.0.5:8443 --cert-dir certs
+
+    A guard registered with --url is not the Service deploy/ names: to move to the in-cluster installation,
+    `csinode-guard unregister` first, then `kubectl apply -k deploy/` (the apiserver refuses a clientConfig with
+    both url and service, which is what applying deploy/ over a --url registration would make).
     """
     if url is not None:
         if service is not None or namespace is not None or service_port is not None:
@@ -217,7 +230,7 @@ def register(
         url=url,
     )
     described = _describe_ca(path, certificates, datetime.now(UTC))
-    if dry_run:
+    if dry_run == "client":
         mode, reason = choose_validation(validation, None if validation == VALIDATION_AUTO else ())
         if validation == VALIDATION_AUTO:
             reason = "auto: --dry-run lists no other mutating webhooks, so two calls (the safe choice)"
@@ -229,6 +242,7 @@ def register(
         return
     for line in described:
         click.echo(line)
+    suffix = " (server dry run)" if dry_run == "server" else ""
     with connect(kubeconfig, context) as client:
         mutators = list_csinode_mutators(client, name) if validation == VALIDATION_AUTO else ()
         mode, reason = choose_validation(validation, mutators)
@@ -239,26 +253,26 @@ def register(
             resource = kubeapi.RESOURCES_BY_KIND[str(obj["kind"])]
             what = resource.describe(str(obj["metadata"]["name"]))
             try:
-                outcome = apply_configuration(client, obj)
+                outcome = apply_configuration(client, obj, dry_run=dry_run == "server")
             except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
                 raise api_failure(f"{what} not applied", exc) from None
-            click.echo(f"{what} {outcome}")
+            click.echo(f"{what} {outcome}{suffix}")
 
 
 @click.command("unregister")
 @click.option("--name", default=CONFIGURATION_NAME, show_default=True, help="Name of both configurations.")
-@click.option(
-    "--dry-run", is_flag=True, help="Ask the API server to check the deletions (dryRun=All); delete nothing."
-)
+@dry_run_option(bare="server", what="client: say which configurations exist and would be deleted, delete nothing; "
+                "server: ask the API server to check the deletions (dryRun=All), delete nothing.")
 @cluster_options
-def unregister(*, name: str, dry_run: bool, kubeconfig: str | None, context: str | None) -> None:
+def unregister(*, name: str, dry_run: str, kubeconfig: str | None, context: str | None) -> None:
     """Delete both webhook configurations: the emergency switch.
 
     The apiserver stops calling the guard within a second or two and every CSINode write goes through
     unchecked; the guard's pods keep running. A configuration that is already gone is not an error. Re-enable
     with `csinode-guard register` or `kubectl apply -k` of your overlay.
 
-    Needs delete on both kinds (ClusterRole csinode-guard-registrar).
+    Needs delete on both kinds (ClusterRole csinode-guard-registrar). Says what it does on standard error as it
+    goes (the apiserver may take seconds to answer).
     """
     failures = 0
     with connect(kubeconfig, context) as client:
@@ -266,8 +280,12 @@ def unregister(*, name: str, dry_run: bool, kubeconfig: str | None, context: str
                                 (kubeapi.VALIDATING_WEBHOOK_CONFIGURATIONS, name),
                                 (kubeapi.MUTATING_WEBHOOK_CONFIGURATIONS, node_configuration_name(name))):
             what = resource.describe(named)
+            progress(f"deleting {what} ...")
             try:
-                client.delete(resource, named, dry_run=dry_run)
+                if dry_run == "client":
+                    client.get(resource, named)
+                else:
+                    client.delete(resource, named, dry_run=dry_run == "server")
             except kubeapi.KubeApiError as exc:
                 if exc.not_found:
                     click.echo(f"{what} not found (already removed)")
@@ -279,6 +297,9 @@ def unregister(*, name: str, dry_run: bool, kubeconfig: str | None, context: str
                 failures += 1
                 click.echo(api_failure(f"{what} not deleted", exc).format_message(), err=True)
                 continue
-            click.echo(f"{what} {'would be deleted (server dry run)' if dry_run else 'deleted'}")
+            done = {"none": "deleted", "client": "would be deleted (client dry run)",
+                    "server": "would be deleted (server dry run)"}[dry_run]
+            click.echo(f"{what} {done}")
     if failures:
-        raise click.ClickException(f"{failures} of 3 configurations could not be deleted (see above)")
+        click.echo(f"Error: {failures} of 3 configurations could not be deleted (see above)", err=True)
+        raise SystemExit(EXIT_FINDINGS)

@@ -15,6 +15,13 @@ from webhook.admission.durations import parse_duration
 from webhook.admission.facts import FactsError, view_from_facts
 from webhook.admission.policy import PolicyError, load_policy
 from webhook.admission.safe_yaml import load_yaml
+from webhook.commands.options import (
+    EXIT_USAGE,
+    deprecated_alias,
+    echo_document,
+    output_option,
+    take_deprecated,
+)
 from webhook.simulation.replay import replay
 from webhook.simulation.replay_input import Progress, describe_input
 from webhook.simulation.replay_results import FACT_RESOURCES, MAX_PROBLEMS_KEPT, Problem, Row, Summary
@@ -139,7 +146,9 @@ def _table_summary(s: Summary) -> list[str]:
               help="apiserver audit log (JSON lines of audit.k8s.io/v1 Event; .gz too). Repeat for rotated files.")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Policy YAML (default: the bundled policy).")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@output_option(["table", "json", "yaml"], help="table: one row per count change and a summary; json or yaml: "
+               "every row and the summary, whole (json is streamed as it is judged).")
+@deprecated_alias("--format", "-o/--output", dest="output", type=click.Choice(["table", "json"]))
 @click.option("--cluster-facts", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="YAML with facts the log lacks: node labels, driver periods, attach errors "
                    "(webhook/admission/facts.py).")
@@ -149,8 +158,8 @@ def _table_summary(s: Summary) -> list[str]:
               help="Also write the guard audit records the server would have written (for `audit` commands).")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on standard error (default: when it is a terminal).")
-def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: str, cluster_facts: Path | None,
-                   reorder_window: str, guard_audit_out: Path | None, progress: bool | None) -> None:
+def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, output: str, cluster_facts: Path | None,
+                   reorder_window: str, guard_audit_out: Path | None, progress: bool | None, **kwargs: Any) -> None:
     """Replay the CSINode writes of an apiserver audit log through a policy, and report what it would have done.
 
     One row per count change (time, node, driver, old -> new, final, decision, rules, writer), then a summary
@@ -159,7 +168,7 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
     earlier events. Try a policy against your own cluster's history before enforcing it.
 
     The table's RULES column is 30 characters wide; a longer list continues on the next lines (the
-    whole list is in --format json). The summary's "cluster events in the input" counts the Node, CSIDriver and
+    whole list is in -o json). The summary's "cluster events in the input" counts the Node, CSIDriver and
     VolumeAttachment events of the log read as facts (labels, kubelet versions, update periods, attach errors):
     events, not the cluster's size.
 
@@ -168,6 +177,8 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
     2 when some lines were bad and no write could be judged (not an audit log, or the wrong file), so that a
     script does not take it for a clean replay.
     """
+    fmt = take_deprecated(kwargs, "output") or output
+    rows: list[dict[str, Any]] = []  # -o yaml: the whole document at the end
     try:
         window = parse_duration(reorder_window)
     except ValueError as exc:
@@ -215,6 +226,8 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
         nonlocal first
         if fmt == "json":
             emit(("" if first else ",") + json.dumps(row.to_json(), separators=(",", ":")))
+        elif fmt == "yaml":
+            rows.append(row.to_json())
         else:
             for line in _table_row(row):
                 emit(line)
@@ -222,7 +235,7 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
 
     if fmt == "json":
         emit('{"events":[')
-    else:
+    elif fmt == "table":
         header = " ".join(name.ljust(w) for name, w in _COLUMNS)
         emit(f"{header} {'RULES'.ljust(RULES_WIDTH)}  WRITER")
     sink_file: IO[str] | None = guard_audit_out.open("w", encoding="utf-8") if guard_audit_out else None
@@ -238,17 +251,20 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, fmt: 
     finally:
         if sink_file is not None:
             sink_file.close()
-    if fmt == "json":
+    if fmt in ("json", "yaml"):
         body = summary.to_json()
         body["policy"] = {"source": loaded.source, "hash": loaded.hash}
-        emit("],\"summary\":" + json.dumps(body, indent=None, separators=(",", ":")) + "}")
+        if fmt == "json":
+            emit("],\"summary\":" + json.dumps(body, indent=None, separators=(",", ":")) + "}")
+        else:
+            echo_document({"events": rows, "summary": body}, "yaml")
     else:
         for line in _table_summary(summary):
             emit(line)
     if reported > PROBLEMS_SHOWN:
-        click.echo(f"replay: and {reported - PROBLEMS_SHOWN} more bad line(s) (--format json lists the first "
+        click.echo(f"replay: and {reported - PROBLEMS_SHOWN} more bad line(s) (-o json lists the first "
                    f"{MAX_PROBLEMS_KEPT})", err=True)
     if summary.bad_lines and not summary.judged:
         click.echo(f"replay: nothing could be judged, and {summary.bad_lines} line(s) were not audit events: "
                    "is this a kube-apiserver audit log (JSON lines of audit.k8s.io/v1 Event)?", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)

@@ -35,7 +35,7 @@ from webhook.admission.restore_plan import (
     plan_restore,
 )
 from webhook.admission.state import STATE_ANNOTATION, StateKeys
-from webhook.commands.options import api_failure, cluster_options, connect
+from webhook.commands.options import api_failure, cluster_options, connect, dry_run_option
 from webhook.kube import kubeapi
 
 FIELD_MANAGER = "csinode-guard-restore"
@@ -105,12 +105,8 @@ def _load_keys(path: Path) -> tuple[StateKeys, str]:
     is_flag=True,
     help="Use the state without checking its signature (no key at hand). The count is then unverified.",
 )
-@click.option(
-    "--dry-run",
-    is_flag=True,
-    help="Print the change and send it as a server-side dry run (dryRun=All: the guard judges it, nothing is "
-    "stored).",
-)
+@dry_run_option(bare="server", what="client: print the change, send no write; server: print it and send it as "
+                "a server-side dry run (dryRun=All: the guard judges it, nothing is stored).")
 @cluster_options
 def restore(
     *,
@@ -121,7 +117,7 @@ def restore(
     expires_in: str,
     state_key_file: Path | None,
     no_verify: bool,
-    dry_run: bool,
+    dry_run: str,
     kubeconfig: str | None,
     context: str | None,
 ) -> None:
@@ -165,7 +161,10 @@ def restore(
     request = JustificationRequest(reason.strip(), ticket, now + timedelta(seconds=lifetime))
     with connect(kubeconfig, context) as client:
         plan, stored = _update(client, node, driver, keys, key_source, request, now, dry_run)
-    _report(plan, stored, dry_run, lifetime)
+    if stored is None:
+        click.echo("client dry run: nothing was sent; --dry-run=server has the API server and the guard judge it")
+        return
+    _report(plan, stored, dry_run == "server", lifetime)
 
 
 def _update(
@@ -176,9 +175,10 @@ def _update(
     key_source: str,
     request: JustificationRequest,
     now: datetime,
-    dry_run: bool,
-) -> tuple[RestorePlan, dict[str, Any]]:
-    """GET, plan and PUT until the PUT is not a 409 Conflict (at most :data:`ATTEMPTS` rounds)."""
+    dry_run: str,
+) -> tuple[RestorePlan, dict[str, Any] | None]:
+    """GET, plan and PUT until the PUT is not a 409 Conflict (at most :data:`ATTEMPTS` rounds); with
+    ``dry_run`` ``client`` no PUT (None instead of the stored object), ``server`` a server-side dry run."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
             csinode = client.get(kubeapi.CSINODES, node)
@@ -196,8 +196,11 @@ def _update(
             click.echo(_unverified_warning(plan.trusted.count), err=True)
         for line in _describe(plan, key_source):
             click.echo(line)
+        if dry_run == "client":
+            return plan, None
         try:
-            stored = client.replace(kubeapi.CSINODES, plan.body, dry_run=dry_run, field_manager=FIELD_MANAGER)
+            stored = client.replace(kubeapi.CSINODES, plan.body, dry_run=dry_run == "server",
+                                    field_manager=FIELD_MANAGER)
         except kubeapi.KubeApiError as exc:
             if exc.conflict and attempt < ATTEMPTS:
                 click.echo(
@@ -207,7 +210,8 @@ def _update(
                 )
                 time.sleep(0.2 * attempt)
                 continue
-            what = "the server-side dry run was refused" if dry_run else "the update was refused; nothing changed"
+            what = "the server-side dry run was refused" if dry_run == "server" else \
+                "the update was refused; nothing changed"
             raise api_failure(what, exc) from None
         except kubeapi.ApiUnreachableError as exc:
             raise api_failure("the update got no answer; check the CSINode before retrying", exc) from None

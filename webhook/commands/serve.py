@@ -53,8 +53,9 @@ def _env(name: str) -> str:
 @click.option("--connection-max-age", default=60.0, show_default=True, type=click.FloatRange(0),
               envvar=_env("CONNECTION_MAX_AGE"), help="Seconds before a keep-alive connection is closed after "
               "its next response (spreads the apiserver's connections over workers; 0 disables).")
-@click.option("--kubeconfig", envvar=["CSINODE_GUARD_KUBECONFIG", "KUBECONFIG"],
-              help="Kubeconfig for cluster lookups (in-cluster config is used inside a pod).")
+@click.option("--kubeconfig", envvar=_env("KUBECONFIG"),
+              help="Kubeconfig of the cluster to guard. Without it serve contacts no cluster, unless it runs in a "
+              "pod (its service account); $KUBECONFIG is not read: pass --kubeconfig \"$KUBECONFIG\".")
 @click.option("--offline", is_flag=True, envvar=_env("OFFLINE"), help="Do not contact the Kubernetes API.")
 @click.option("--max-staleness", default=120.0, show_default=True, type=click.FloatRange(1),
               envvar=_env("MAX_STALENESS"),
@@ -104,7 +105,8 @@ def serve(**kwargs: Any) -> None:
     """Serve /mutate, /validate, /healthz and /readyz over TLS, and /metrics on plain HTTP.
 
     With no options it runs on the bundled policy with self-generated development certificates in ./certs
-    (the CA to trust is certs/ca.crt).
+    (the CA to trust is certs/ca.crt), and contacts no cluster: only --kubeconfig, or running in a pod, makes it
+    watch one (it then logs the server and context).
     """
     settings = Settings(
         host=kwargs["host"],

@@ -10,13 +10,19 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import click
-import orjson
 
 from webhook.admission.capacity import build_report, format_table, report_json
 from webhook.admission.durations import parse_duration
 from webhook.admission.policy import PolicyError, load_policy
 from webhook.admission.state import StateKeys
-from webhook.commands.options import api_failure, cluster_options, connect
+from webhook.commands.options import (
+    NoClusterError,
+    api_failure,
+    cluster_options,
+    connect,
+    echo_document,
+    output_option,
+)
 from webhook.commands.status_audit import (
     findings_json,
     format_findings,
@@ -27,13 +33,8 @@ from webhook.commands.status_audit import (
 )
 from webhook.kube import kubeapi
 
-EXIT_NO_CLUSTER = 3
-
-
-class CannotReadError(click.ClickException):
-    """The cluster could not be read: exit code 3."""
-
-    exit_code = EXIT_NO_CLUSTER
+CannotReadError = NoClusterError
+"""The cluster could not be read: exit code 3."""
 
 
 @click.command("status")
@@ -41,8 +42,8 @@ class CannotReadError(click.ClickException):
 @click.option("--driver", "drivers", multiple=True, metavar="NAME", help="Only this CSI driver (repeatable).")
 @click.option("--selector", "-l", metavar="SELECTOR",
               help="Only nodes whose Node labels match this label selector (as kubectl get nodes -l).")
-@click.option("--output", "-o", type=click.Choice(["table", "wide", "json"]), default="table", show_default=True,
-              help="table, wide (adds ceiling reason, writer version, attach errors, pending pods), or json.")
+@output_option(["table", "wide", "json", "yaml"],
+               help="table, wide (adds ceiling reason, writer version, attach errors, pending pods), json or yaml.")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               envvar="CSINODE_GUARD_POLICY", show_envvar=True,
               help="The guard's policy, for the ceilings (default: the bundled default policy).")
@@ -105,9 +106,9 @@ def status(
     standing = standing_findings(csinodes, cluster, policy, keys, now, node_names=wanted)
     if drivers:
         standing = [f for f in standing if f.driver in drivers]
-    if output == "json":
+    if output in ("json", "yaml"):
         document = {**report_json(report), "standingViolations": findings_json(standing, since)}
-        click.echo(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
+        echo_document(document, output)
     else:
         sys.stdout.write(format_table(report, now, wide=output == "wide") + format_findings(standing, since))
 

@@ -85,6 +85,11 @@ DEPLOYMENTS: Final = ApiResource("apps", "v1", "deployments", "Deployment", name
 VALIDATING_ADMISSION_POLICIES: Final = ApiResource(
     "admissionregistration.k8s.io", "v1", "validatingadmissionpolicies", "ValidatingAdmissionPolicy"
 )
+VALIDATING_ADMISSION_POLICY_BINDINGS: Final = ApiResource(
+    "admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding"
+)
+LEASES: Final = ApiResource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
+EVENTS: Final = ApiResource("events.k8s.io", "v1", "events", "Event", namespaced=True)
 METADATA_ONLY: Final = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
 """``Accept`` of a LIST that needs only ``metadata`` (names, labels): the apiserver answers with a
 PartialObjectMetadataList, without ``spec`` and ``status`` (a Node's images and conditions, several KB each)."""
@@ -158,9 +163,11 @@ def replace_request(
     return ApiRequest("PUT", resource.object_path(name), _write_query(dry_run, field_manager), obj)
 
 
-def delete_request(resource: ApiResource, name: str, *, dry_run: bool = False) -> ApiRequest:
-    """DELETE one object."""
-    return ApiRequest("DELETE", resource.object_path(name), _write_query(dry_run, None))
+def delete_request(
+    resource: ApiResource, name: str, *, dry_run: bool = False, namespace: str | None = None
+) -> ApiRequest:
+    """DELETE one object (in ``namespace`` for a namespaced resource)."""
+    return ApiRequest("DELETE", resource.object_path(name, namespace), _write_query(dry_run, None))
 
 
 class KubeApiError(Exception):
@@ -216,16 +223,27 @@ class ClusterConfigError(Exception):
     re-raised with the same message so that the commands need not import the client."""
 
 
+SERVICE_ACCOUNT_TOKEN: Final = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+"""Where kubelet mounts a pod's service-account token (the in-cluster configuration reads it from here)."""
+
+
+def in_pod() -> bool:
+    """Whether this process runs in a pod that can reach its cluster: ``$KUBERNETES_SERVICE_HOST`` set (kubelet
+    sets it in every container) and a service-account token mounted at :data:`SERVICE_ACCOUNT_TOKEN`."""
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.isfile(SERVICE_ACCOUNT_TOKEN)
+
+
 def load_configuration(
-    kubeconfig: str | None = None, context: str | None = None, *, home_fallback: bool = True
+    kubeconfig: str | None = None, context: str | None = None, *, home_fallback: bool = True,
+    environment: bool = True,
 ) -> Any | None:
     """A ``kubernetes.client.Configuration`` for the cluster, or None when no source is configured.
 
-    Order: ``kubeconfig`` (else ``$KUBECONFIG``; a ``:``-separated list is merged) with its ``context``
-    (default: the current one), then the in-cluster service account (token re-read as it rotates), then — with
-    ``home_fallback``, the order kubectl uses — ``~/.kube/config``. Raises :class:`ClusterNotConfiguredError`
-    for ``context`` without a kubeconfig, FileNotFoundError when none of the kubeconfig files exists,
-    ``kubernetes.config.ConfigException`` (or PyYAML's error) for a broken source.
+    Order: ``kubeconfig`` (else, with ``environment``, ``$KUBECONFIG``; a ``:``-separated list is merged) with its
+    ``context`` (default: the current one), then the in-cluster service account (token re-read as it rotates),
+    then — with ``home_fallback``, the order kubectl uses — ``~/.kube/config``. Raises
+    :class:`ClusterNotConfiguredError` for ``context`` without a kubeconfig, FileNotFoundError when none of the
+    kubeconfig files exists, ``kubernetes.config.ConfigException`` (or PyYAML's error) for a broken source.
     """
     from kubernetes.client.configuration import Configuration  # noqa: PLC0415 - heavy; only when needed
     from kubernetes.config import incluster_config, kube_config  # noqa: PLC0415
@@ -233,7 +251,7 @@ def load_configuration(
     load_kube_config: Callable[..., None] = kube_config.load_kube_config
     load_incluster_config: Callable[..., None] = incluster_config.load_incluster_config
     configuration = Configuration()
-    path = kubeconfig or os.environ.get("KUBECONFIG")
+    path = kubeconfig or (os.environ.get("KUBECONFIG") if environment else None)
     home_config = os.path.expanduser("~/.kube/config")
     in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
     if not path and not in_cluster and home_fallback and os.path.isfile(home_config):
@@ -254,7 +272,7 @@ def load_configuration(
     return configuration
 
 
-def load_api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
+def load_api_client(kubeconfig: str | None = None, context: str | None = None, *, environment: bool = True) -> Any:
     """A ``kubernetes.client.ApiClient`` for the operator commands, found as kubectl finds its cluster
     (:func:`load_configuration` with the ``~/.kube/config`` fallback), so that ``csinode-guard unregister``
     works in an emergency wherever kubectl does. Raises :class:`ClusterNotConfiguredError` when there is no
@@ -262,16 +280,38 @@ def load_api_client(kubeconfig: str | None = None, context: str | None = None) -
     source that cannot be read or loaded (not YAML, no current-context, a missing file, ...).
     """
     with _config_errors():
-        return _api_client(kubeconfig, context)
+        return _api_client(kubeconfig, context, environment=environment)
 
 
-def check_configuration(kubeconfig: str | None) -> None:
+def check_configuration(kubeconfig: str | None, *, environment: bool = True) -> None:
     """Load the cluster configuration the watch caches will use (``kubeconfig``, else ``$KUBECONFIG``, else the
     in-cluster service account; never ``~/.kube/config``), so that ``serve`` refuses to start on a broken one
     instead of each worker failing to boot. Raises :class:`ClusterConfigError` with the reason; no source at all
     is fine (the server then runs without cluster facts)."""
     with _config_errors():
-        load_configuration(kubeconfig, home_fallback=False)
+        load_configuration(kubeconfig, home_fallback=False, environment=environment)
+
+
+def describe_cluster(kubeconfig: str | None, *, environment: bool = True) -> tuple[str, str]:
+    """(server URL, where it came from) of the cluster :func:`load_configuration` picks without the
+    ``~/.kube/config`` fallback: ``("https://10.0.0.1:6443", "context kind-dev of kubeconfig /path")`` or
+    ``(..., "the pod's service account")``; ``("", "none")`` when no source is configured. For a log line: raises
+    :class:`ClusterConfigError` as :func:`check_configuration` does."""
+    with _config_errors():
+        configuration = load_configuration(kubeconfig, home_fallback=False, environment=environment)
+    if configuration is None:
+        return "", "none"
+    path = kubeconfig or (os.environ.get("KUBECONFIG") if environment else None)
+    if not path:
+        return str(configuration.host), "the pod's service account"
+    context = "its current context"
+    with contextlib.suppress(Exception):  # the name is for the log line only
+        from kubernetes.config import kube_config  # noqa: PLC0415
+
+        list_contexts: Callable[..., Any] = kube_config.list_kube_config_contexts
+        _, active = list_contexts(config_file=path.split(os.pathsep)[0])
+        context = f"context {active['name']}"
+    return str(configuration.host), f"{context} of kubeconfig {path}"
 
 
 @contextlib.contextmanager
@@ -289,11 +329,11 @@ def _config_errors() -> Iterator[None]:
         raise ClusterConfigError(f"the kubeconfig is not valid YAML: {exc}") from exc
 
 
-def _api_client(kubeconfig: str | None, context: str | None) -> Any:
+def _api_client(kubeconfig: str | None, context: str | None, *, environment: bool = True) -> Any:
     from kubernetes.client.api_client import ApiClient  # noqa: PLC0415 - heavy; only when a command needs it
     from urllib3.util import Retry  # noqa: PLC0415
 
-    configuration = load_configuration(kubeconfig, context)
+    configuration = load_configuration(kubeconfig, context, environment=environment)
     if configuration is None:
         raise ClusterNotConfiguredError(
             "no cluster configured: pass --kubeconfig, set KUBECONFIG, create ~/.kube/config, or run inside a cluster"
@@ -427,6 +467,8 @@ class KubeClient:
         """Replace ``obj`` (PUT); the object as stored (or as it would be, with ``dry_run``)."""
         return self.send(replace_request(resource, obj, dry_run=dry_run, field_manager=field_manager))
 
-    def delete(self, resource: ApiResource, name: str, *, dry_run: bool = False) -> JSON:
-        """Delete ``name``; the answer (a ``Status`` or the deleted object)."""
-        return self.send(delete_request(resource, name, dry_run=dry_run))
+    def delete(
+        self, resource: ApiResource, name: str, *, dry_run: bool = False, namespace: str | None = None
+    ) -> JSON:
+        """Delete ``name`` (in ``namespace``); the answer (a ``Status`` or the deleted object)."""
+        return self.send(delete_request(resource, name, dry_run=dry_run, namespace=namespace))

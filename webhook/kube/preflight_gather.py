@@ -79,15 +79,16 @@ def classify_probe_error(exc: kubeapi.KubeApiError) -> ProbeOutcome:
     return ProbeOutcome.ERROR
 
 
-def short_message(exc: kubeapi.KubeApiError, limit: int = 100) -> str:
-    """The apiserver's message without the ``<resource> "<name>" is forbidden: `` preamble, cut to ``limit``."""
+def short_message(exc: kubeapi.KubeApiError, limit: int | None = None) -> str:
+    """The apiserver's message without the ``<resource> "<name>" is forbidden: `` preamble; whole (the table wraps
+    it, ``-o json`` must not lose any of it), or cut to ``limit`` characters when one is given."""
     message = exc.message
     for marker in ("denied request: ", "denied the request: ", " is forbidden: ", " is invalid: "):
         if marker in message:
             message = message.split(marker, 1)[1]
             break
     text = f"{exc.code} {exc.reason}: {message}" if exc.reason else f"{exc.code}: {message}"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if limit is None or len(text) <= limit else text[: limit - 3] + "..."
 
 
 def run_probe(client: kubeapi.KubeClient, csinodes: Sequence[Mapping[str, Any]]) -> ProbeResult:
@@ -101,7 +102,7 @@ def run_probe(client: kubeapi.KubeClient, csinodes: Sequence[Mapping[str, Any]])
     except kubeapi.KubeApiError as exc:
         return ProbeResult(classify_probe_error(exc), target, short_message(exc))
     except kubeapi.ApiUnreachableError as exc:
-        return ProbeResult(ProbeOutcome.ERROR, target, str(exc)[:300])
+        return ProbeResult(ProbeOutcome.ERROR, target, str(exc))
     return ProbeResult(ProbeOutcome.ACCEPTED, target)
 
 
@@ -268,7 +269,7 @@ def gather_facts(
         try:
             return call()
         except kubeapi.KubeApiError as exc:
-            errors[component] = str(exc)[:200]
+            errors[component] = str(exc)
             return default
 
     csinodes: list[dict[str, Any]] = read("CSINode", lambda: client.list_all(kubeapi.CSINODES), [])

@@ -52,6 +52,7 @@ from webhook.kube.repair import RepairRateLimiter, RepairResult, repair_csinode
 from webhook.kube.watch.view import KubernetesClusterView
 from webhook.serving import audit_metrics
 from webhook.serving.audit_settings import AuditSettings
+from webhook.serving.key_check import KeyCheck, check_state_key
 
 log = logging.getLogger("csinode_guard.audit")
 
@@ -114,6 +115,7 @@ class AuditLoop:
         self.history: HistoryWriter | None = None
         if view.history_namespace:
             self.history = HistoryWriter(client, view.history_namespace, keys, view.retained_state)
+        self._foreign_said = False
 
     # --- lifecycle --------------------------------------------------------------------------------------------
 
@@ -161,6 +163,10 @@ class AuditLoop:
                 log.warning("audit lock unusable (%s); this worker campaigns anyway", exc)
                 break
             self._stop.wait(1.0)
+        # A key that verifies none of the stored states is not the cluster's: no Lease, no Event, no record.
+        while not self._stop.wait(self.settings.poll):
+            if self.view.csinodes_fresh() and not self.key_is_foreign():
+                break
         if self._stop.is_set():
             return
         self.elector.start()
@@ -187,7 +193,7 @@ class AuditLoop:
                     trigger = "interval"
                 leading = True
                 relists, generation = store.relists, snapshot.generation
-                if trigger is None:
+                if trigger is None or self.key_is_foreign():
                     continue
                 self.run_pass(trigger, snapshot.policy, snapshot.generation)
                 last_pass = time.monotonic()
@@ -203,6 +209,19 @@ class AuditLoop:
         written = self.history.sync(self.view.csinode_records(), datetime.now(UTC), self.view.retained_records())
         if written:
             log.info("node history: %d record(s) written", written)
+
+    def key_is_foreign(self) -> bool:
+        """Whether the state key verifies none of the stored states (:mod:`webhook.serving.key_check`); said once
+        as an ERROR when it turns so (and once as a WARNING when it no longer is), and in
+        ``csinode_guard_state_key_foreign``."""
+        check: KeyCheck = check_state_key(r.decoded for r in self.view.csinode_records())
+        audit_metrics.STATE_KEY_FOREIGN.set(1 if check.foreign else 0)
+        if check.foreign and not self._foreign_said:
+            log.error("%s", check.describe())
+        elif not check.foreign and self._foreign_said:
+            log.warning("%s: auditing", check.describe())
+        self._foreign_said = check.foreign
+        return check.foreign
 
     # --- one pass ---------------------------------------------------------------------------------------------
 

@@ -44,3 +44,9 @@ LEADER = Gauge(
     "1 while this replica holds the audit Lease (it audits and repairs), else 0.",
     multiprocess_mode="livemax",
 )
+STATE_KEY_FOREIGN = Gauge(
+    "csinode_guard_state_key_foreign",
+    "1 while this guard's state key verifies none of the stored states (some are stored, none verifies): the key "
+    "is not the cluster's, and the audit takes no Lease and reports nothing (webhook.serving.key_check).",
+    multiprocess_mode="livemax",
+)

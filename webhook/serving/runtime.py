@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import socket
@@ -22,11 +23,15 @@ def run(settings: Settings) -> int:
     Fails fast (exit code 2, one clear log line) on a broken policy, missing certificates with
     ``--no-generate-certs``, an unusable state key, or a cluster configuration that cannot be loaded (a
     kubeconfig that is missing, not YAML or without a current context); it never starts half-configured.
+
+    It contacts a cluster only when told to: ``--kubeconfig``, or inside a pod (its service account), never
+    because ``$KUBECONFIG`` names one (:func:`choose_cluster`); it logs which server and context it uses.
     """
     setup_logging(settings.log_level)
+    settings = choose_cluster(settings)
     from webhook.admission import state_key  # noqa: PLC0415
     from webhook.admission.state import StateKeys  # noqa: PLC0415
-    from webhook.kube.kubeapi import ClusterConfigError, check_configuration  # noqa: PLC0415
+    from webhook.kube.kubeapi import ClusterConfigError, describe_cluster  # noqa: PLC0415
     from webhook.serving import dev_certs, ssl_context, tls  # noqa: PLC0415
     from webhook.serving.cluster_certs import ClusterSecretsError  # noqa: PLC0415
     from webhook.serving.live_policy import PolicyStore  # noqa: PLC0415
@@ -63,10 +68,15 @@ def run(settings: Settings) -> int:
         if not key_path.exists() and (settings.state_key_file is not None or not settings.generate_certs):
             # Only the development default (<cert-dir>/state.key) is ever generated: a mistyped path must not
             # give each replica a key of its own.
-            raise state_key.StateKeyError(f"state key file {key_path} does not exist")
+            raise state_key.StateKeyError(
+                f"state key file {key_path} does not exist: make one with `csinode-guard certs generate --cert-dir "
+                f"{key_path.parent}` (writes {key_path.parent / 'state.key'}), or copy the cluster's: kubectl -n "
+                f"csinode-guard get secret csinode-guard-state-key -o jsonpath='{{.data.key}}' | base64 -d > "
+                f"{key_path}")
         keys = StateKeys(state_key.ensure_state_key(key_path))
         if not settings.offline:
-            check_configuration(settings.kubeconfig)
+            server, source = describe_cluster(settings.kubeconfig, environment=False)
+            log.info("cluster: %s (%s)", server, source)
         _check_writable_audit_log(settings.audit_log)
         _check_port_free(settings.port, "HTTPS port", settings.host)
         _check_port_free(settings.metrics_port, "metrics port")
@@ -101,6 +111,21 @@ def run(settings: Settings) -> int:
     return 0
 
 
+def choose_cluster(settings: Settings) -> Settings:
+    """``settings``, made offline unless it names a cluster: ``--kubeconfig``, or running in a pod
+    (:func:`webhook.kube.kubeapi.in_pod`). ``$KUBECONFIG`` alone is no instruction to ``serve``: a quick start from
+    an operator's shell must not join (take the audit Lease of, write Events in) whatever cluster it names."""
+    from webhook.kube.kubeapi import in_pod  # noqa: PLC0415
+
+    if settings.offline or settings.kubeconfig or in_pod():
+        return settings
+    named = " ($KUBECONFIG is not read by serve: pass --kubeconfig \"$KUBECONFIG\" to use it)" \
+        if os.environ.get("KUBECONFIG") else ""
+    log.warning("no cluster: serve contacts one only with --kubeconfig or inside a pod%s; running offline, "
+                "every cluster fact unknown", named)
+    return dataclasses.replace(settings, offline=True)
+
+
 def _cluster_certificates(settings: Settings) -> Any:
     """With ``--tls-secret``/``--state-key-secret``: the files made or copied from the Secrets and the caBundle
     filled in (:mod:`webhook.serving.cluster_certs`), and the object that keeps them current; else None."""
@@ -115,9 +140,10 @@ def _cluster_certificates(settings: Settings) -> Any:
     )
 
     if settings.offline:
-        raise ClusterSecretsError("--tls-secret and --state-key-secret need the Kubernetes API (not --offline)")
+        raise ClusterSecretsError("--tls-secret and --state-key-secret need the Kubernetes API: --kubeconfig or a "
+                                  "pod's service account (not --offline)")
     try:
-        client = KubeClient(load_api_client(settings.kubeconfig))
+        client = KubeClient(load_api_client(settings.kubeconfig, environment=False))
     except ClusterNotConfiguredError as exc:
         raise ClusterSecretsError(str(exc)) from exc
     names = SecretNames(
@@ -180,6 +206,7 @@ def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: 
 
     store = PolicyStore(settings.policy, interval=settings.policy_reload_interval, on_reload=on_reload)
     cluster, readiness, on_policy, observe_count = build_cluster(settings, store.current().policy, keys)
+    readiness = _with_key_check(readiness, cluster)
     if on_policy is not None:
         policy_listeners.append(on_policy)
     store.start()
@@ -226,6 +253,26 @@ def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: 
     return create_app(runtime)
 
 
+def _with_key_check(readiness: Any, cluster: Any) -> Any:
+    """``readiness`` whose reason also says, while it is so, that the state key verifies none of the stored
+    states (:mod:`webhook.serving.key_check`); readiness itself is unchanged (admission still serves)."""
+    records = getattr(cluster, "csinode_records", None)
+    fresh = getattr(cluster, "csinodes_fresh", None)
+    if records is None or fresh is None:
+        return readiness
+    from webhook.serving.key_check import check_state_key  # noqa: PLC0415
+
+    def ready() -> tuple[bool, str]:
+        ok, reason = readiness()
+        if fresh():
+            check = check_state_key(r.decoded for r in records())
+            if check.foreign:
+                reason = f"{reason}; {check.describe()}"
+        return ok, reason
+
+    return ready
+
+
 def _known_driver(store: Any, cluster: Any) -> Any:
     """``known(driver)``: the policy in force names it, or the cluster's CSIDriver cache holds it."""
     has_csidriver = getattr(cluster, "has_csidriver", None)
@@ -256,6 +303,7 @@ def build_cluster(settings: Settings, policy: Any, keys: Any = None) -> tuple[An
         settings.kubeconfig, policy.pod_version_sources(), settings.max_staleness, settings.cache_sync_timeout,
         state_keys=keys,  # the CSINode watch: the audit, one cluster budget, the newest state per object
         history_namespace=settings.audit.lease_namespace,  # the nodes' history records, in the guard's namespace
+        environment=False,  # run() chose the cluster: --kubeconfig or the pod's service account
     )
 
     def on_policy(new_policy: Any) -> None:

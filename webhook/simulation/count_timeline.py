@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Iterable, Sequence
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -48,6 +49,11 @@ class TimelinePoint:
     uid: str | None = None
     refused: bool = False
     first_registration: bool = False
+    ceiling: int | None = None
+    """The count-ceiling rule's ceiling for this write, as its record says (``within``/``above the ceiling N``);
+    None when the record names none."""
+    clamped_by: tuple[str, ...] = ()
+    """The rules whose clamp set this write's count (effective enforcement ``clamp``)."""
 
     @property
     def stored_after(self) -> int | None:
@@ -64,6 +70,31 @@ MAX_OFF_SCALE_LABELS = 30
 
 def _count_value(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+CEILING_RULE = "count-ceiling"
+_CEILING = re.compile(r"\bthe ceiling (\d+)\b")
+
+
+def record_ceiling(rules: Any) -> int | None:
+    """The ceiling a record's count-ceiling outcome names (``within the ceiling 27 (...)``, ``above the ceiling
+    27``), or None."""
+    for r in rules or ():
+        if isinstance(r, Mapping) and r.get("rule") == CEILING_RULE:
+            found = _CEILING.search(str(r.get("message") or ""))
+            if found:
+                return int(found.group(1))
+    return None
+
+
+def clamping_rules(rules: Any) -> tuple[str, ...]:
+    """The rules of a record whose violation was enforced as a clamp, in order, each once."""
+    out: list[str] = []
+    for r in rules or ():
+        if isinstance(r, Mapping) and r.get("result") == "violation" and r.get("effective") == "clamp" \
+                and r.get("rule") not in out:
+            out.append(str(r.get("rule")))
+    return tuple(out)
 
 
 def build_timeline(records: Iterable[LogRecord], node: str, driver: str) -> list[TimelinePoint]:
@@ -98,6 +129,8 @@ def build_timeline(records: Iterable[LogRecord], node: str, driver: str) -> list
             uid=uid,
             refused=decision in ("deny", "invalid"),
             first_registration=d.get("change") == "registration",
+            ceiling=record_ceiling(d.get("rules")),
+            clamped_by=clamping_rules(d.get("rules")) or (tuple(r.fired()) if decision == "clamp" else ()),
         ))
     points = [dataclasses.replace(p, refused=True) if p.endpoint == "mutate" and p.uid in denied_at_validate
               else p for p in points]
@@ -255,6 +288,7 @@ def opening_burst(points: Sequence[TimelinePoint]) -> list[TimelinePoint]:
 def _draw_writes(ax: Any, points: Sequence[TimelinePoint], y: Any, x: Any, *, legend: bool) -> None:
     """Markers for every write of ``points`` at (``x(time)``, ``y(count)``): see :func:`render_timeline`."""
     marks: dict[str, tuple[list[Any], list[float]]] = {name: ([], []) for name in MARK_STYLES}
+    labels = [0]  # clamps labelled with their rules so far (the main plot only: the inset is small)
     for p in points:
         if p.dry_run:
             kind = "dry run"
@@ -267,12 +301,44 @@ def _draw_writes(ax: Any, points: Sequence[TimelinePoint], y: Any, x: Any, *, le
         if kind == "clamp":
             ax.vlines(x(p.time), min(y(p.new), y(p.final)), max(y(p.new), y(p.final)), colors="#e08a00",
                       linestyles="dotted", linewidth=1)
+            if legend and labels[0] < MAX_CLAMP_LABELS and p.clamped_by:
+                labels[0] += 1
+                ax.annotate(", ".join(p.clamped_by), (x(p.time), y(p.new)), xytext=(5, 4),
+                            textcoords="offset points", fontsize=7, color="#8a4b00")
         if p.correction:
             marks["correction"][0].append(x(p.time))
             marks["correction"][1].append(y(p.final))
     for name, (ts, ys) in marks.items():
         if ts:
             ax.scatter(ts, ys, label=f"{name} ({len(ts)})" if legend else None, zorder=3, **MARK_STYLES[name])
+
+
+MAX_CLAMP_LABELS = 40
+"""Clamps labelled with the rules that clamped them; the rest are counted in the command's output line."""
+CEILING_COLOR = "#c62828"
+
+
+def _draw_ceiling(ax: Any, points: Sequence[TimelinePoint], y: Any) -> None:
+    """The count-ceiling's ceiling as a dashed step line over the writes whose records name it."""
+    known = [(p.time, p.ceiling) for p in points if p.ceiling is not None]
+    if not known:
+        return
+    ts = [t for t, _ in known] + [points[-1].time]
+    ys = [y(c) for _, c in known] + [y(known[-1][1])]
+    ax.step(ts, ys, where="post", color=CEILING_COLOR, linestyle="--", linewidth=1.2,
+            label=f"ceiling ({CEILING_RULE})")
+    ax.annotate(f"ceiling {known[-1][1]}", (ts[-1], ys[-1]), xytext=(-4, 3), textcoords="offset points",
+                fontsize=7, color=CEILING_COLOR, ha="right")
+
+
+def clamps_by_rule(points: Sequence[TimelinePoint]) -> dict[str, int]:
+    """How many of the writes each rule clamped (a write clamped by two rules counts for both)."""
+    counts: dict[str, int] = {}
+    for p in points:
+        if p.decision == "clamp":
+            for rule in p.clamped_by:
+                counts[rule] = counts.get(rule, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _draw_burst(ax: Any, burst: Sequence[TimelinePoint], scale: TimelineScale) -> None:
@@ -307,7 +373,9 @@ def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, out
     log lacks the writes that changed it, a dashed grey line joins the last known count to the next. A driver's
     first registration starts the line at its count (there was no count before). Warnings are marked with a
     diamond, clamps at the requested value with a line down to the admitted one, denials with a cross at the
-    requested value, freezes (version rollback) with a vertical line, ResourceExhausted or justified corrections
+    requested value, each clamp labelled with the rules that clamped it (the first :data:`MAX_CLAMP_LABELS`), the
+    count-ceiling's ceiling as a dashed red step line where the records name it, freezes (version rollback) with a
+    vertical line, ResourceExhausted or justified corrections
     with a triangle. An opening burst (:func:`opening_burst`: kubelet's first writes within a second) is drawn
     again in an inset, spread over its own seconds axis, instead of piling up at the left edge. The y axis is
     scaled to the plausible counts (:func:`scale_top`): counts off the scale (2147483647, or far above the others)
@@ -335,6 +403,7 @@ def render_timeline(points: Sequence[TimelinePoint], node: str, driver: str, out
     for i, (t0, y0, t1, y1) in enumerate(gaps):
         ax.plot([t0, t1], [y0, y1], color="#9e9e9e", linestyle="--", linewidth=1.2,
                 label="changed by writes not in this log" if i == 0 else None)
+    _draw_ceiling(ax, points, y)
     _draw_writes(ax, points, y, lambda t: t, legend=True)
     freezes = [p.time for p in points if p.frozen]
     for i, t in enumerate(freezes):

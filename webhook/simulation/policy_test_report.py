@@ -1,15 +1,17 @@
 """Policy test results and their reports: what each step, case and file found, as text or JUnit XML.
 
 :mod:`webhook.simulation.policy_tests` produces the results; ``csinode-guard policy test`` prints them with
-:func:`format_text` or :func:`format_junit` and exits by :func:`totals`. Pure.
+:func:`format_text`, :func:`format_junit` or :func:`report_json` and exits by :func:`totals`. Pure.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from webhook.admission.durations import format_duration
 
@@ -184,3 +186,19 @@ def format_junit(results: Sequence[FileResult]) -> str:
     root.set("errors", str(all_errors))
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def report_json(results: Sequence[FileResult]) -> dict[str, Any]:
+    """Every file, case and step as JSON-ready dicts (``-o json|yaml``), with ``passed`` on each and the totals."""
+    files = []
+    for r in results:
+        body = dataclasses.asdict(r)
+        body["passed"] = r.passed
+        for case, case_body in zip(r.cases, body["cases"], strict=True):
+            case_body["passed"] = case.passed
+            for step, step_body in zip(case.steps, case_body["steps"], strict=True):
+                step_body["passed"] = step.passed
+        files.append(body)
+    t = totals(results)
+    return {"files": files, "totals": {"files": t.files, "cases": t.cases, "passed": t.passed, "failed": t.failed,
+                                       "errors": t.errors, "failedNames": t.failed_names}}

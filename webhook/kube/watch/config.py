@@ -94,17 +94,18 @@ class OfflineCaches:
         return {}
 
 
-def load_api_client(kubeconfig: str | None = None) -> Any | None:
+def load_api_client(kubeconfig: str | None = None, *, environment: bool = True) -> Any | None:
     """A ``kubernetes.client.ApiClient`` for the watch caches, or None when no cluster is configured.
 
     The sources of :func:`webhook.kube.kubeapi.load_configuration` without its ``~/.kube/config`` fallback: a
-    developer's default context must never be watched by accident. A configured but broken source raises
+    developer's default context must never be watched by accident; without ``environment``, not ``$KUBECONFIG``
+    either (``serve``: only ``kubeconfig`` or the pod's service account). A configured but broken source raises
     ``kubernetes.config.ConfigException``.
     """
     from kubernetes.client.api_client import ApiClient  # noqa: PLC0415 - heavy; only when a cluster is used
     from urllib3.util import Retry  # noqa: PLC0415
 
-    configuration = load_configuration(kubeconfig, home_fallback=False)
+    configuration = load_configuration(kubeconfig, home_fallback=False, environment=environment)
     if configuration is None:
         return None
     # One connection per open watch (3 + one per pod watch) plus lists: keep them all pooled.
@@ -127,6 +128,7 @@ def build_cluster_view(
     start: bool = True,
     state_keys: StateKeys | None = None,
     history_namespace: str | None = None,
+    environment: bool = True,
 ) -> tuple[ClusterView, ClusterCaches]:
     """The cluster view and its control surface.
 
@@ -134,9 +136,10 @@ def build_cluster_view(
     started unless ``start`` is False. Without one: :class:`~webhook.admission.cluster.UnknownClusterView` and
     :class:`OfflineCaches`, and one log line. ``max_staleness`` and ``cache_sync_timeout`` are seconds and
     override ``settings``; ``state_keys`` adds the CSINode watch (:mod:`webhook.kube.watch.csinodes`), and with
-    ``history_namespace`` the watch of the nodes' history records there (:mod:`webhook.kube.node_history`).
+    ``history_namespace`` the watch of the nodes' history records there (:mod:`webhook.kube.node_history`);
+    ``environment`` False ignores ``$KUBECONFIG`` (:func:`load_api_client`).
     """
-    api_client = load_api_client(kubeconfig)
+    api_client = load_api_client(kubeconfig, environment=environment)
     if api_client is None:
         log.warning(
             "no --kubeconfig, no KUBECONFIG and not running in a cluster: offline, every cluster fact is unknown"
