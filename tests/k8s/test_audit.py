@@ -367,3 +367,42 @@ class RoundRobinProxy:
                 with contextlib.suppress(OSError):
                     s.shutdown(2)
 
+
+
+def test_attack_7_a_strangers_never_renewed_lease_is_taken_back_after_the_guards_own_lease_duration(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    """Issue 32, attack 7: a user who may update Leases in the guard's namespace writes the audit Lease as
+    ``mallory`` with ``leaseDurationSeconds: 999999`` and never renews it. The guard waits its own
+    ``--lease-duration`` (6 s here), not mallory's, takes the Lease and repairs the count stored meanwhile."""
+    cp = control_plane
+    lease = unique("audit")
+    mallory = unique("mallory")
+    role = f"{mallory}-leases"
+    cp.kubectl("create", "role", role, "-n", "default", "--verb=get,create,update",
+               "--resource=leases.coordination.k8s.io")
+    cp.kubectl("create", "rolebinding", role, "-n", "default", f"--role={role}", f"--user={mallory}")
+    forged = {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": lease, "namespace": "default"},
+        "spec": {"holderIdentity": "mallory", "leaseDurationSeconds": 999999,
+                 "renewTime": "2026-12-04T00:00:00.000000Z", "acquireTime": "2026-12-04T00:00:00.000000Z"},
+    }
+    cp.kubectl("create", "-f", "-", kubeconfig=cp.user_kubeconfig(mallory), input=json.dumps(forged))
+    node = new_node(cp, "lease")
+    install(cp, node, 39)  # no guard registered: stored unjudged, as during an outage
+    assert stored(cp, node) == 39
+
+    started = time.monotonic()
+    guard = guard_factory(audit_policy(tmp_path / "clamp.yaml", "clamp"), extra_args=audit_args(lease),
+                          register=False)
+    holder = wait_until(lambda: lease_holder(cp, lease) not in ("", "mallory") and lease_holder(cp, lease),
+                        timeout=40, what="the guard takes the Lease back")
+    took = time.monotonic() - started
+    print(f"\n[attack 7] the Lease taken back from mallory {took:.1f}s after the guard started "
+          "(its own lease duration 6 s; mallory wrote 999999 s)")
+    assert holder != "mallory"
+    assert cp.kubectl_json("get", "lease", lease, "-n", "default")["spec"]["leaseDurationSeconds"] == 6
+    wait_until(lambda: stored(cp, node) == CEILING, timeout=30, what="the audit repairs 39 -> 27")
+    assert metric(guard, "csinode_guard_leader") == 1
+    assert metric(guard, "csinode_guard_audit_lease_unrenewed_seconds") == 0

@@ -162,6 +162,7 @@ class AuditLoop:
         leading = False
         while not self._stop.wait(self.settings.poll):
             try:
+                audit_metrics.LEASE_UNRENEWED.set(self.elector.unrenewed_seconds())
                 if not self.elector.is_leader or not self.view.csinodes_fresh():
                     leading = leading and self.elector.is_leader
                     continue
