@@ -132,8 +132,9 @@ def evaluate(
 
     Never raises for bad input: an UPDATE without ``oldObject`` or with an object that is not a CSINode gives an
     ``invalid`` decision (``allowed: false``, code 400). A CREATE is judged as the registration of each of its
-    drivers (never refused; a state it carries belongs to another object and is removed); a DELETE is allowed
-    unjudged; another resource or operation reaching the webhook is allowed with a warning.
+    drivers (never refused; a state it carries belongs to another object and is removed); a DELETE is judged as
+    the removal of every driver entry (:func:`_deletion`; ``oldObject`` required, else ``invalid``); another
+    resource or operation reaching the webhook is allowed with a warning.
     """
     if not request.is_csinode:
         what = f"{request.resource}.{request.group}/{request.version}"
@@ -141,9 +142,9 @@ def evaluate(
             what += f"/{request.sub_resource}"
         return _skip(f"csinode-guard judges only storage.k8s.io/v1 csinodes, not {what}; check its webhook rules")
     if request.operation == "DELETE":
-        return _skip()
+        return _deletion(request, policy, cluster, now, keys, mode)
     if request.operation not in ("CREATE", "UPDATE"):
-        return _skip(f"csinode-guard judges only CREATE and UPDATE of csinodes, not {request.operation}")
+        return _skip(f"csinode-guard judges only CREATE, UPDATE and DELETE of csinodes, not {request.operation}")
     if request.old_object is None and request.operation == "UPDATE":
         return _invalid("UPDATE of a CSINode without oldObject: csinode-guard cannot tell what changed")
     if request.object is None:
@@ -164,6 +165,29 @@ def evaluate(
     judgement = judge(write, cluster, keys)
     settlement = settle(write, judgement, budget, budget_clock)
     return record(write, judgement, settlement, keys)
+
+
+def _deletion(request: AdmissionRequest, policy: Policy, cluster: ClusterView, now: datetime, keys: StateKeys,
+              mode: Mode) -> AdmissionDecision:
+    """A DELETE of a CSINode, judged as the removal of every driver entry it stores: the scheduler has no limit for
+    a node without a CSINode, so a stranger's DELETE is a stranger's removal of every entry at once (writer-identity
+    refuses it, :func:`.judge.judge`; one finding also for an object without drivers). The node's own kubelet
+    deletes its CSINode when its Node's UID changed (kubernetes#137199) and a listed writer may: admitted. The
+    AdmissionRequest of a DELETE carries ``oldObject`` (the stored object) and no ``object``; nothing is patched
+    (there is no object to patch) and no state is written; the budget is not consulted (nothing rises)."""
+    if request.old_object is None:
+        return _invalid("DELETE of a CSINode without oldObject: csinode-guard cannot tell what is deleted")
+    try:
+        old = parse_csinode(request.old_object, "oldObject")
+    except CSINodeError as exc:
+        return _invalid(f"not a valid CSINode: {exc}")
+    except RecursionError:
+        return _invalid("not a valid CSINode: nested too deeply")
+    gone = old._replace(drivers={})
+    write = classify(request, policy, cluster, now, keys, mode, old, gone)
+    judgement = judge(write, cluster, keys)
+    decision = record(write, judgement, settle(write, judgement, None, None), keys)
+    return decision._replace(response=decision.response._replace(patch=()), new_state=None)
 
 
 
