@@ -196,10 +196,13 @@ def unjudged(request: AdmissionRequest) -> AdmissionDecision:
 
     A write that raises a count (or makes it unbounded) is refused (403), since nothing vouches for it; any
     other write is admitted unjudged with a warning. When even the objects cannot be read, the write is refused
-    (400), as :func:`evaluate` refuses objects that are not CSINodes. All carry ``auditAnnotations.decision:
-    error``.
+    (400), as :func:`evaluate` refuses objects that are not CSINodes. A DELETE makes every entry unbounded: the
+    node's own kubelet's is admitted (it must never fail), anyone else's refused (403). All carry
+    ``auditAnnotations.decision: error``.
     """
     annotations = {"decision": "error"}
+    if request.operation == "DELETE":
+        return _unjudged_deletion(request, annotations)
     try:
         old = parse_csinode(request.old_object or {}, "oldObject")
         new = parse_csinode(request.object or {}, "object")
@@ -236,4 +239,30 @@ def unjudged(request: AdmissionRequest) -> AdmissionDecision:
         ),
         decision=Decision.SKIP,
         notes=(Note("internal error: admitted unjudged"),),
+    )
+
+
+def _unjudged_deletion(request: AdmissionRequest, annotations: dict[str, str]) -> AdmissionDecision:
+    """:func:`unjudged` for a DELETE: the node's own kubelet's admitted with a warning, anyone else's refused."""
+    node = request.name
+    if request.username == f"system:node:{node}" and "system:nodes" in request.groups:
+        return AdmissionDecision(
+            response=AdmissionResponse(
+                allowed=True, audit_annotations=annotations,
+                warnings=("csinode-guard could not judge this write (internal error); the node's own DELETE was "
+                          "admitted unjudged",),
+            ),
+            decision=Decision.SKIP,
+            node=node,
+            notes=(Note("internal error: the node's own DELETE admitted unjudged"),),
+        )
+    return AdmissionDecision(
+        response=AdmissionResponse(
+            allowed=False, status_code=403, reason="Forbidden", audit_annotations=annotations,
+            message="csinode-guard could not judge this write (internal error), so it refuses the DELETE of a "
+            "CSINode by anyone but the node's own kubelet (every driver would lose its limit)",
+        ),
+        decision=Decision.DENY,
+        node=node,
+        notes=(Note("internal error: a DELETE refused unjudged"),),
     )
