@@ -47,8 +47,13 @@ STORED = kubelet_update(base_csinode(), EBS, 23)
 
 
 def increase(uid: str) -> bytes:
-    """kubelet raising ebs from 23 to 25 (admitted by the default policy when the log works)."""
-    return json.dumps(review(STORED, kubelet_update(STORED, EBS, 25), uid=uid)).encode()
+    """kubelet raising ebs from 23 to 25 (admitted by the default policy when the log works), each on a node of its
+    own: a node's fair share of the cluster budget is 5 increases per 10 s, and this checks the audit log, not the
+    budget."""
+    stored = json.loads(json.dumps(STORED))
+    stored["metadata"]["name"] = node = f"node-{uid}"
+    return json.dumps(review(stored, kubelet_update(stored, EBS, 25), uid=uid, user=f"system:node:{node}",
+                             groups=["system:nodes", "system:authenticated"])).encode()
 
 
 def timed_post(server: RunningServer, body: bytes, timeout: float = 8) -> tuple[float, int | None, dict[str, Any]]:

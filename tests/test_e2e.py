@@ -245,9 +245,10 @@ def test_update_without_old_object_is_not_allowed_with_code_400(server_factory: 
 
 @pytest.mark.parametrize(
     "operation",
-    [pytest.param("CREATE", id="CREATE is always allowed"), pytest.param("DELETE", id="DELETE is always allowed")],
+    [pytest.param("CREATE", id="CREATE is always allowed"),
+     pytest.param("DELETE", id="the node's own DELETE is allowed")],
 )
-def test_create_and_delete_are_always_allowed(server_factory: Any, operation: str) -> None:
+def test_the_nodes_create_and_delete_are_allowed(server_factory: Any, operation: str) -> None:
     server = server_factory()
     obj = kubelet_update(base_csinode(), EBS, 25)
     if operation == "CREATE":
@@ -256,6 +257,18 @@ def test_create_and_delete_are_always_allowed(server_factory: Any, operation: st
     answer = json.loads(server.post("/mutate", review(old, new, operation=operation)).data)["response"]
     assert answer["allowed"] is True
     assert "patch" not in answer and "warnings" not in answer
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+def test_a_strangers_delete_is_refused_over_https(server_factory: Any, path: str) -> None:
+    server = server_factory()
+    obj = kubelet_update(base_csinode(), EBS, 25)
+    body = review(obj, None, operation="DELETE", user="mallory", groups=["system:authenticated"])
+    answer = json.loads(server.post(path, body).data)["response"]
+    assert answer["allowed"] is False
+    assert answer["status"]["code"] == 403
+    assert "[writer-identity]" in answer["status"]["message"] and "(deletion)" in answer["status"]["message"]
+    assert "patch" not in answer
 
 
 def test_another_resource_is_allowed_with_a_warning(server_factory: Any) -> None:

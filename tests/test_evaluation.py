@@ -314,11 +314,60 @@ CEILING_HOW = "fix the driver's volume limit (e.g. --volume-attach-limit), or ra
 # -- requests that are never judged --------------------------------------------------------------------------------
 
 
-def test_delete_is_allowed_unjudged() -> None:
-    judged = judge(base_csinode(), None, operation="DELETE")
+@pytest.mark.parametrize("mode", [Mode.MUTATE, Mode.VALIDATE])
+def test_the_nodes_own_delete_is_allowed_without_a_patch(mode: Mode) -> None:
+    # kubelet deletes its CSINode when its Node's UID changed (kubernetes#137199), then creates it again.
+    judged = judge(stored(25), None, operation="DELETE", mode=mode)
 
-    assert judged.body == {"uid": REQUEST_UID, "allowed": True, "auditAnnotations": {"decision": "skip"}}
-    assert judged.decision.decision is Decision.SKIP
+    assert judged.body["allowed"] is True
+    assert "patch" not in judged.body and "warnings" not in judged.body
+    assert judged.body["auditAnnotations"]["decision"] == "allow"
+    assert judged.decision.node == NODE
+    assert judged.decision.new_state is None
+
+
+@pytest.mark.parametrize("mode", [Mode.MUTATE, Mode.VALIDATE])
+def test_a_strangers_delete_is_refused_by_writer_identity(mode: Mode) -> None:
+    # A node without a CSINode has no limit for the scheduler: a stranger's DELETE lifts every limit at once.
+    judged = judge(stored(25), None, operation="DELETE", user=STRANGER, mode=mode)
+
+    assert judged.body["allowed"] is False
+    assert judged.body["status"]["code"] == 403
+    message = judged.body["status"]["message"]
+    assert message.startswith(f"[writer-identity] {NODE}: CSINode {NODE} (deletion): bob is not"), message
+    assert f"(stored: {EFS}=unbounded, {EBS}=25)" in message
+    assert judged.body["auditAnnotations"]["rules"] == "writer-identity"
+
+
+def test_a_strangers_delete_of_a_csinode_without_drivers_is_refused_too() -> None:
+    judged = judge(base_csinode(), None, operation="DELETE", user=STRANGER)
+
+    assert judged.body["allowed"] is False
+    assert f"CSINode {NODE} (deletion)" in judged.body["status"]["message"]
+
+
+@pytest.mark.parametrize("user", [pytest.param(OTHER_KUBELET, id="another node's kubelet"),
+                                  pytest.param(APPROVER, id="an approver (a justifier, not a writer)")])
+def test_nobody_else_deletes_either(user: Any) -> None:
+    assert judge(stored(25), None, operation="DELETE", user=user).body["allowed"] is False
+
+
+def test_a_listed_writer_may_delete_and_break_glass_is_only_audited() -> None:
+    by_writer = judge(stored(25), None, operation="DELETE", user=WRITER, policy=WRITER_POLICY)
+    assert by_writer.body["allowed"] is True
+
+    exempt = judge(stored(25), None, operation="DELETE", user=BREAK_GLASS)
+    assert exempt.body["allowed"] is True
+    assert exempt.body["auditAnnotations"] == {"decision": "allow", "policy": POLICY.hash,
+                                                "rules": "writer-identity", "exempt": "true"}
+
+
+def test_a_delete_without_old_object_is_a_bad_request() -> None:
+    judged = judge(None, None, operation="DELETE", user=STRANGER)
+
+    assert judged.body["allowed"] is False
+    assert judged.body["status"]["code"] == 400
+    assert "oldObject" in judged.body["status"]["message"]
 
 
 def without_uid(obj: dict[str, Any]) -> dict[str, Any]:
@@ -390,7 +439,7 @@ def test_a_create_with_a_copied_state_is_clamped_and_the_state_removed() -> None
         ),
         pytest.param(
             lambda r: r.update(operation="CONNECT"),
-            "csinode-guard judges only CREATE and UPDATE of csinodes, not CONNECT",
+            "csinode-guard judges only CREATE, UPDATE and DELETE of csinodes, not CONNECT",
             id="another operation",
         ),
     ],
@@ -1372,7 +1421,7 @@ def test_an_exhausted_budget_denies_increases_until_it_refills() -> None:
     budget = IncreaseBudget(rate=1, burst=1)
     old = stored(25)
     put = kubelet_update(old, EBS, 26)
-    used_up = "the cluster-wide increase budget (1/s, burst 1) is used up"
+    used_up = "the cluster-wide increase budget (1/s, burst 1, 1/node) is used up"
     how = "kubelet retries at its next update period; many nodes raising counts at once is worth a look"
 
     assert judge(old, put, budget=budget, budget_clock=100.0).body["allowed"] is True
@@ -1385,6 +1434,81 @@ def test_an_exhausted_budget_denies_increases_until_it_refills() -> None:
     assert [c.final for c in held.decision.changes] == [25]
     assert judge(old, put, budget=budget, budget_clock=101.2).body["allowed"] is True
     assert budget.available(101.2) == 0, "the refilled token went to the write that passed"
+
+
+INVENTED = [f"d{i:02d}.invented.example.com" for i in range(50)]
+
+
+def _registered_with(drivers: list[str], count: int, *, node: str = NODE) -> Apiserver:
+    """A CSINode of ``node`` whose kubelet registered ``drivers`` at ``count`` (through /mutate and /validate, so the
+    state records each entry), judged with a roomy budget and no CSIDriver objects for them."""
+    obj = copy.deepcopy(base_csinode())
+    obj["metadata"]["name"] = node
+    server = Apiserver(obj, cluster=StaticClusterView(csidrivers=frozenset({EBS})))
+    user = (f"system:node:{node}", ["system:nodes", "system:authenticated"])
+    registered = with_drivers(obj, *obj["spec"]["drivers"], *(driver_entry(d, count) for d in drivers))
+    assert server.put(registered, 0, user=user).body["allowed"]
+    return server
+
+
+def _raised(obj: dict[str, Any], drivers: list[str], by: int) -> dict[str, Any]:
+    new = copy.deepcopy(obj)
+    for entry in new["spec"]["drivers"]:
+        if entry["name"] in drivers:
+            entry["allocatable"] = {"count": entry["allocatable"]["count"] + by}
+    return new
+
+
+def _finals(judged: Judged) -> dict[str, int | None]:
+    return {c.change.driver: c.final for c in judged.decision.changes}
+
+
+def test_attack_8_invented_drivers_draw_nothing_and_another_nodes_increase_is_admitted() -> None:
+    """Issue 32, attack 8: node-a raises 50 drivers the cluster has no CSIDriver object for, all in one PUT; they
+    are judged by their own entries' rules and ask nothing of the budget, so node-b's increase of a real driver
+    still has room."""
+    budget = IncreaseBudget(rate=5, burst=50)
+    node_a = _registered_with(INVENTED, 1)
+    node_a.options["budget"], node_a.options["budget_clock"] = budget, 3600.0
+    flood = node_a.put(_raised(node_a.obj, INVENTED, 1), 3600)
+    assert flood.body["allowed"] is True
+    assert set(_finals(flood).values()) == {2}, "judged by their ceilings only: all 50 raised"
+    assert budget.available(3600) == 50
+
+    node_b = "ip-10-0-2-2.ec2.internal"
+    b = _registered_with([EBS], 10, node=node_b)
+    user_b = (f"system:node:{node_b}", ["system:nodes"])
+    b.options["budget"], b.options["budget_clock"] = budget, 3600.0
+    raised = b.put(_raised(b.obj, [EBS], 2), 3600, user=user_b)
+    assert _finals(raised) == {EBS: 12}
+
+
+def test_the_increases_of_one_write_are_granted_one_by_one_within_the_nodes_share() -> None:
+    """Real drivers (CSIDriver objects): a node raising 8 in one PUT gets its share (burst 50 // 10 = 5), in the
+    object's order; the other 3 are held at their stored count (a clamp: kubelet's write succeeds). Another node
+    still gets its share from what is left."""
+    real = [f"d{i}.real.example.com" for i in range(8)]
+    budget = IncreaseBudget(rate=5, burst=50)
+    server = _registered_with(real, 10)
+    server.options["cluster"] = StaticClusterView(csidrivers=frozenset(real))
+    server.options["budget"], server.options["budget_clock"] = budget, 3600.0
+    judged = server.put(_raised(server.obj, real, 1), 3600)
+
+    assert judged.body["allowed"] is True
+    assert _finals(judged) == {d: 11 if i < 5 else 10 for i, d in enumerate(real)}
+    assert judged.body["auditAnnotations"]["decision"] == "clamp"
+    assert budget.available(3600) == 45
+    assert budget.admit("ip-10-0-2-2.ec2.internal", 6, 3600) == 5, "another node: its own share"
+    assert budget.admit(NODE, 1, 3600 + 9.9) == 0, "node-a's share is spent for the window (10 s)"
+    assert budget.admit(NODE, 1, 3600 + 10) == 1
+
+
+def test_a_dry_run_is_granted_what_a_real_write_would_be_and_takes_nothing() -> None:
+    budget = IncreaseBudget(rate=1, burst=20)  # share 2
+    assert budget.admit(NODE, 3, 0, dry_run=True) == 2
+    assert budget.available(0) == 20 and budget.node_used(NODE, 0) == 0
+    assert budget.admit(NODE, 3, 0) == 2
+    assert budget.admit(NODE, 1, 0, dry_run=True) == 0
 
 
 def test_decreases_validate_and_denied_requests_take_nothing_from_the_budget() -> None:

@@ -74,3 +74,15 @@ def test_a_decrease_is_admitted_unjudged_with_a_warning(app: tuple[Any, Path]) -
                                 "was admitted unjudged"]
     record = json.loads(audit.read_text().splitlines()[-1])
     assert record["uid"] == "err-2" and record["allowed"] is True and record["decision"] == "skip"
+
+
+@pytest.mark.parametrize(("user", "allowed"), [("system:node:ip-10-0-1-23.ec2.internal", True), ("mallory", False)])
+def test_a_delete_that_cannot_be_judged_passes_for_the_node_only(app: tuple[Any, Path], user: str,
+                                                                allowed: bool) -> None:
+    client, _ = app
+    stored = kubelet_update(base_csinode(), EBS, 25)
+    body = review(stored, None, operation="DELETE", user=user,
+                  groups=["system:nodes"] if user.startswith("system:node:") else ["system:authenticated"])
+    response = client.post("/mutate", json=body).get_json()["response"]
+    assert response["allowed"] is allowed
+    assert response["auditAnnotations"] == {"decision": "error"}

@@ -166,8 +166,8 @@ def test_the_cluster_budget_is_an_input_of_the_rule(
     old: int, new: int | None, answer: BudgetAnswer | None, violates: bool
 ) -> None:
     ctx = context(old, new, ago=3600)._replace(cluster_budget=answer)
-    expected = [Violation("change-rate", EnforcementAction.DENY, "the cluster-wide increase budget (0.5/s, burst 4) "
-                          "is used up", BUDGET_PROCEED, clamp_to=old)]
+    expected = [Violation("change-rate", EnforcementAction.DENY, "the cluster-wide increase budget (0.5/s, burst 4, "
+                          "1/node) is used up", BUDGET_PROCEED, clamp_to=old)]
     assert change_rate.check_budget(ctx) == (expected if violates else [])
     assert change_rate.check(ctx) == []  # the entry's own pace is judged apart, whatever the budget says
 

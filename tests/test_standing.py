@@ -302,3 +302,29 @@ def test_one_budget_counts_every_replicas_increases_and_its_own_until_the_watch_
     unseen = WatchedIncreaseBudget(rate=1.0, burst=3, ledger=IncreaseLedger(), pending_ttl=0.5)
     assert unseen.take(3, clock) and unseen.available(clock) == 0
     assert unseen.available(clock + 0.6) == 3, "an admitted increase never stored stops counting"
+
+
+def test_the_watched_budget_counts_a_nodes_share_across_replicas_and_skips_drivers_without_a_csidriver() -> None:
+    """Issue 32, attack 8, across replicas: the ledger keeps the node and driver of each watched increase, so every
+    replica counts a node's share the same way; a driver without a CSIDriver object draws nothing."""
+    ledger = IncreaseLedger()
+    invented = {"fake.example.com"}
+    budget = WatchedIncreaseBudget(rate=5.0, burst=50, ledger=ledger, uncounted=lambda d: d in invented)
+    other = WatchedIncreaseBudget(rate=5.0, burst=50, ledger=ledger, uncounted=lambda d: d in invented)
+    clock = time.monotonic()
+    assert budget.admit("node-a", 8, clock) == 5  # its share: 50 // 10
+    ledger.add([time.time()] * 5, "node-a", ["ebs.csi.aws.com"] * 5)  # the watch shows them
+    assert other.admit("node-a", 1, clock) == 0, "the other replica sees node-a's share spent"
+    assert other.admit("node-b", 1, clock) == 1
+    ledger.add([time.time()] * 50, "node-c", ["fake.example.com"] * 50)
+    assert budget.available(clock) == 45 - 0, "invented drivers' increases are not counted"
+    assert budget.node_used("node-c", clock) == 0
+    watched = IncreaseLedger()
+    store = CSINodeStore(watched)
+    now = datetime.now(UTC)
+    before = record(10, now - timedelta(minutes=5))
+    store.replace({before.csinode.name: before})
+    store.upsert(before.csinode.name, record(12, now))
+    assert watched.since(time.time() - 60, before.csinode.name) == 1, "the store records the CSINode's name"
+    assert watched.since(time.time() - 60, "node-z") == 0
+    assert watched.since(time.time() - 60, uncounted=lambda d: d == EBS) == 0

@@ -26,6 +26,7 @@ GUARD_METRICS = {
     "csinode_guard_policy_file_invalid",
     "csinode_guard_audit_log_stalled",
     "csinode_guard_late_answers_total",
+    "csinode_guard_leader",
 }
 """The metric names the server exports (issue 6's list); alerts may use no other csinode_guard_ name."""
 
@@ -214,6 +215,33 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
         "CSINodeGuardPolicyFileInvalid",
         "10m",
         [_series("csinode_guard_policy_file_invalid", POD, "0 0 1 1 0x10")],
+        [],
+    ),
+    (
+        # Attack 7 of issue 32: a stranger's Lease that nobody takes back; both replicas report 0.
+        "CSINodeGuardAuditLeaderless",
+        "6m",
+        [
+            _series("csinode_guard_leader", POD, "1 1 0x10"),
+            _series("csinode_guard_leader", 'namespace="csinode-guard", pod="csinode-guard-7d9f-fghij"', "0x12"),
+        ],
+        [{"severity": "warning"}],
+    ),
+    (
+        # A failover: one replica hands over to the other within a scrape or two.
+        "CSINodeGuardAuditLeaderless",
+        "10m",
+        [
+            _series("csinode_guard_leader", POD, "1x4 0x8"),
+            _series("csinode_guard_leader", 'namespace="csinode-guard", pod="csinode-guard-7d9f-fghij"', "0x5 1x7"),
+        ],
+        [],
+    ),
+    (
+        # Leaderless for two minutes only: under "for: 3m".
+        "CSINodeGuardAuditLeaderless",
+        "6m",
+        [_series("csinode_guard_leader", POD, "1x3 0 0 1x5")],
         [],
     ),
     (

@@ -381,10 +381,22 @@ def test_create_goes_to_the_ignore_entry_although_old_object_is_null(
     assert python_entry(entries, None, new, "CREATE", STRANGER) == "fail"
 
 
-def test_delete_is_skipped_even_if_the_rules_were_widened(
+@pytest.mark.parametrize("old", [pytest.param(OLD, id="with drivers"), pytest.param(csinode(None), id="no drivers")])
+def test_delete_goes_to_the_ignore_entry_for_the_node_and_to_the_fail_entry_for_anyone_else(
+    evaluate: Evaluate, entries: dict[str, list[dict[str, str]]], old: dict[str, Any]
+) -> None:
+    """``object`` is null on DELETE: the conditions read only ``request`` then, and never error."""
+    assert route(evaluate, entries, old, None, "DELETE") == "ignore"
+    assert python_entry(entries, old, None, "DELETE") == "ignore"
+    for user in ("a stranger", "another node's kubelet", "the node's name without system:nodes"):
+        assert route(evaluate, entries, old, None, "DELETE", USERS[user]) == "fail", user
+        assert python_entry(entries, old, None, "DELETE", USERS[user]) == "fail", user
+
+
+def test_connect_is_skipped_even_if_the_rules_were_widened(
     evaluate: Evaluate, entries: dict[str, list[dict[str, str]]]
 ) -> None:
-    assert route(evaluate, entries, OLD, None, "DELETE") is None
+    assert route(evaluate, entries, OLD, None, "CONNECT", STRANGER) is None
 
 
 _names = st.sampled_from([EBS, EFS, "pd.csi.storage.gke.io", "disk.csi.azure.com"])

@@ -258,8 +258,9 @@ def test_the_guard_can_only_read_what_its_cluster_view_needs_and_write_what_its_
         | {(NAMESPACE, "", "secrets", "create")}
         # the audit: the CSINode watch, and an update that lowers a standing count (no create, patch, delete)
         | {("*", "storage.k8s.io", "csinodes", verb) for verb in (*read, "update")}
-        # its Lease (leader election) and its Events about CSINodes (which must live in default)
-        | {(NAMESPACE, "coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
+        # its Lease (create: RBAC cannot limit it by name; get and update by name below) and its Events about
+        # CSINodes (which must live in default)
+        | {(NAMESPACE, "coordination.k8s.io", "leases", "create")}
         | {("default", "events.k8s.io", "events", "create")}
         # one call or two (serve --validation auto): which other mutators match CSINodes, read only
         | {("*", "admissionregistration.k8s.io", kind, "list")
@@ -270,12 +271,14 @@ def test_the_guard_can_only_read_what_its_cluster_view_needs_and_write_what_its_
     assert _grants(rendered["base"]) == expected
 
 
-def test_the_guard_keeps_only_its_own_secrets_and_webhook_configurations(rendered: dict[str, Objects]) -> None:
+def test_the_guard_keeps_only_its_own_secrets_lease_and_webhook_configurations(rendered: dict[str, Objects]) -> None:
     keep = ("get", "update", "patch")
     group = "admissionregistration.k8s.io"
     expected = (
         {(NAMESPACE, "", f"secrets/{name}", verb) for name in ("csinode-guard-tls", "csinode-guard-state-key")
          for verb in keep}
+        # the audit Lease by name only: nobody else's Lease in the namespace can be read or taken over
+        | {(NAMESPACE, "coordination.k8s.io", "leases/csinode-guard-audit", verb) for verb in ("get", "update")}
         | {("*", group, f"{kind}/{NAME}", verb) for verb in keep
            for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")}
         # the Node entry's configuration (its caBundle is filled in the same way)

@@ -54,13 +54,13 @@ def test_the_cert_manager_overlay_is_what_python_builds_with_the_injector_annota
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_create_and_update_of_csinodes_reach_two_entries_with_complementary_failure_policies(kind: str) -> None:
+def test_create_update_and_delete_of_csinodes_reach_two_entries_with_complementary_failure_policies(kind: str) -> None:
     webhooks = find(registration.build_webhook_configurations(), kind)["webhooks"]
     assert [w["failurePolicy"] for w in webhooks] == ["Fail", "Ignore"]
     for webhook in webhooks:
         assert webhook["rules"] == [
             {
-                "operations": ["CREATE", "UPDATE"],
+                "operations": ["CREATE", "UPDATE", "DELETE"],
                 "apiGroups": ["storage.k8s.io"],
                 "apiVersions": ["v1"],
                 "resources": ["csinodes"],
@@ -72,11 +72,11 @@ def test_create_and_update_of_csinodes_reach_two_entries_with_complementary_fail
         assert 1 <= webhook["timeoutSeconds"] <= 5
     fail, ignore = webhooks
     assert [c["name"] for c in fail["matchConditions"]] == [
-        "create-or-update-only",
+        "create-update-or-delete-only",
         "raises-a-count-or-trust-or-not-the-nodes-kubelet",
     ]
     assert [c["name"] for c in ignore["matchConditions"]] == [
-        "create-or-update-only",
+        "create-update-or-delete-only",
         "the-nodes-own-registration-removal-create-or-decrease",
     ]
 
@@ -125,10 +125,10 @@ def test_dry_run_yaml_loads_back_to_the_same_objects() -> None:
 
 def test_the_builders_return_fresh_objects() -> None:
     first = registration.build_mutating_webhook_configuration()
-    first["webhooks"][0]["rules"][0]["operations"].append("DELETE")
+    first["webhooks"][0]["rules"][0]["operations"].append("CONNECT")
     first["webhooks"][0]["matchConditions"].clear()
     assert registration.build_mutating_webhook_configuration()["webhooks"][0]["rules"][0]["operations"] == [
-        "CREATE", "UPDATE",
+        "CREATE", "UPDATE", "DELETE",
     ]
     assert registration.build_mutating_webhook_configuration()["webhooks"][0]["matchConditions"]
 

@@ -433,3 +433,95 @@ class RoundRobinProxy:
                 with contextlib.suppress(OSError):
                     s.shutdown(2)
 
+
+
+def test_attack_7_a_strangers_never_renewed_lease_is_taken_back_after_the_guards_own_lease_duration(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    """Issue 32, attack 7: a user who may update Leases in the guard's namespace writes the audit Lease as
+    ``mallory`` with ``leaseDurationSeconds: 999999`` and never renews it. The guard waits its own
+    ``--lease-duration`` (6 s here), not mallory's, takes the Lease and repairs the count stored meanwhile."""
+    cp = control_plane
+    lease = unique("audit")
+    mallory = unique("mallory")
+    role = f"{mallory}-leases"
+    cp.kubectl("create", "role", role, "-n", "default", "--verb=get,create,update",
+               "--resource=leases.coordination.k8s.io")
+    cp.kubectl("create", "rolebinding", role, "-n", "default", f"--role={role}", f"--user={mallory}")
+    forged = {
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": lease, "namespace": "default"},
+        "spec": {"holderIdentity": "mallory", "leaseDurationSeconds": 999999,
+                 "renewTime": "2026-12-04T00:00:00.000000Z", "acquireTime": "2026-12-04T00:00:00.000000Z"},
+    }
+    cp.kubectl("create", "-f", "-", kubeconfig=cp.user_kubeconfig(mallory), input=json.dumps(forged))
+    node = new_node(cp, "lease")
+    install(cp, node, 39)  # no guard registered: stored unjudged, as during an outage
+    assert stored(cp, node) == 39
+
+    started = time.monotonic()
+    guard = guard_factory(audit_policy(tmp_path / "clamp.yaml", "clamp"), extra_args=audit_args(lease),
+                          register=False)
+    holder = wait_until(lambda: lease_holder(cp, lease) not in ("", "mallory") and lease_holder(cp, lease),
+                        timeout=40, what="the guard takes the Lease back")
+    took = time.monotonic() - started
+    print(f"\n[attack 7] the Lease taken back from mallory {took:.1f}s after the guard started "
+          "(its own lease duration 6 s; mallory wrote 999999 s)")
+    assert holder != "mallory"
+    assert cp.kubectl_json("get", "lease", lease, "-n", "default")["spec"]["leaseDurationSeconds"] == 6
+    wait_until(lambda: stored(cp, node) == CEILING, timeout=30, what="the audit repairs 39 -> 27")
+    assert metric(guard, "csinode_guard_leader") == 1
+    assert metric(guard, "csinode_guard_audit_lease_unrenewed_seconds") == 0
+
+
+def test_attack_9_thirty_kubelets_raise_at_once_on_three_replicas(
+    control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
+) -> None:
+    """Issue 32, attack 9: three replicas behind one Service, burst 10, thirty kubelets raise at the same moment
+    (no spacing: every replica judges its share before the watch shows any other replica's increases). The
+    overshoot is measured (docs/budget.md has the figures); its bound is one burst per serving process (each
+    gunicorn worker keeps its own watch and stops at the burst counting its own admitted increases)."""
+    burst, replicas, workers = 10, 3, 2
+    path = audit_policy(tmp_path / "policy.yaml", "report", budget=(0.05, burst), min_interval="1s")
+    key = uuid.uuid4().hex + uuid.uuid4().hex + "\n"
+    for i in range(replicas):
+        certs = tmp_path / f"guard{i}" / "certs"
+        certs.mkdir(parents=True)
+        (certs / "state.key").write_text(key)
+    guards = [guard_factory(path, register=False, extra_args=("--no-audit", "--connection-max-age", "0.001"))
+              for _ in range(replicas)]
+    proxy = RoundRobinProxy([g.port for g in guards])
+    proxy.start()
+    try:
+        guards[0].csinode_guard("register", "--url", f"https://127.0.0.1:{proxy.port}", "--cert-dir",
+                                str(guards[0].cert_dir), "--name", guards[0].name)
+        guards[0].registered = True
+        wait_until(lambda: control_plane.probe_write().returncode == 0
+                   and any(r.get("node") == ControlPlane.PROBE_NODE for g in guards for r in g.decisions()),
+                   timeout=30, what="the proxy's guards called")
+        nodes = [new_node(control_plane, "burst") for _ in range(3 * burst)]
+        for node in nodes:
+            install(control_plane, node, 10)
+        time.sleep(2.0)  # minInterval 1s since each registration
+        start = threading.Event()
+
+        def raise_count(node: str) -> None:
+            start.wait()
+            control_plane.kubelet(node, "update", "--driver", EBS, "--max-volumes", "12", check=False)
+
+        threads = [threading.Thread(target=raise_count, args=(n,)) for n in nodes]
+        for t in threads:
+            t.start()
+        start.set()  # all thirty at once
+        for t in threads:
+            t.join()
+        raised = sum(1 for n in nodes if stored(control_plane, n) == 12)
+        judged = [sum(1 for r in g.decisions() if r.get("endpoint") == "mutate" and r.get("node") in nodes
+                      and r.get("change") == "increase") for g in guards]
+        print(f"\n[attack 9] 3 replicas, burst {burst}, {len(nodes)} increases at once: {raised} admitted "
+              f"(overshoot {raised - burst}); increases judged per replica {judged}")
+        assert sum(1 for j in judged if j) >= 2, "the flood spread over the replicas"
+        assert burst <= raised <= replicas * workers * burst, "at most one burst per serving process"
+    finally:
+        guards[0].unregister(check=False, wait=False)
+        proxy.stop()

@@ -62,8 +62,10 @@ def test_a_healthy_installation_stays_silent(
     guard_factory: Any, prometheus: Prometheus, control_plane: ControlPlane, tmp_path: Path
 ) -> None:
     policy = fast_policy(tmp_path / "policy.yaml")
-    # Two replicas (so no single-replica warning); the apiserver calls the first, as a Service may pick one.
-    first, second = guard_factory(policy), guard_factory(policy, register=False)
+    # Two replicas (so no single-replica warning); the apiserver calls the first, as a Service may pick one. Their
+    # audit Lease lives in a namespace that exists (as the guard's own does in an installation): one of them leads.
+    lease = ("--lease-namespace", "default", "--lease-name", unique("audit"))
+    first, second = guard_factory(policy, extra_args=lease), guard_factory(policy, register=False, extra_args=lease)
     with scraped(prometheus, first, second) as namespace:
         node = _node_with_ebs(control_plane, 25)
         control_plane.kubelet(node, "update", "--driver", EBS, "--max-volumes", "23")  # a decrease

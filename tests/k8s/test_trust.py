@@ -132,7 +132,9 @@ def test_attack_5_a_stranger_cannot_delete_and_create_with_a_higher_count(
     install(cp, node, 5)
     user = csinode_editor(cp, unique("trudy"))
     obj = cp.kubectl_json("get", "csinode", node, kubeconfig=user)
-    cp.kubectl("delete", "csinode", node, kubeconfig=user)  # DELETE is not judged
+    refused_delete = cp.kubectl("delete", "csinode", node, kubeconfig=user, check=False)
+    assert refused_delete.returncode != 0 and "[writer-identity]" in refused_delete.stderr  # issue 32, attack 1
+    cp.kubectl("delete", "csinode", node, kubeconfig=cp.node_kubeconfig(node))  # the node's own DELETE passes
 
     for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "annotations"):
         obj["metadata"].pop(key, None)

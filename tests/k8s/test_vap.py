@@ -121,8 +121,8 @@ def test_the_floor_holds_while_the_guard_is_unregistered_and_stopped(
     assert "[writer-identity]" in by_admin.stderr
     assert counts(control_plane.get_csinode(node)) == {EBS: 36}
 
-    # DELETE by anyone and the kubelet's CREATE (with a count) pass.
-    control_plane.kubectl("delete", "csinode", node)
+    # The node's own DELETE and the kubelet's CREATE (with a count) pass.
+    control_plane.kubectl("delete", "csinode", node, kubeconfig=control_plane.node_kubeconfig(node))
     recreated = control_plane.kubelet(node, "install", "--driver", EBS, "--node-id", "i-floor",
                                       "--max-volumes", "99999999999", check=False)
     assert recreated.returncode == 0, recreated.stderr

@@ -104,6 +104,14 @@ class ClusterView(Protocol):
         """CSIDriver ``spec.nodeAllocatableUpdatePeriodSeconds`` in seconds; None when unset or unknown."""
         ...
 
+    def csidriver_exists(self, driver: str) -> bool | None:
+        """True when the cluster has a CSIDriver object named ``driver``, False when it has none, None unknown.
+
+        A driver without one draws nothing from change-rate's cluster budget (it is judged by the ceilings and
+        its own entry's rules): the node can invent driver names at will, and fifty invented drivers raised at
+        once must not spend the increases every other node needs (issue 32, attack 8)."""
+        ...
+
     def driver_version(self, node: str, driver: str) -> str | None:
         """Version of ``driver`` running on ``node`` from the policy's ``pod`` version source, or None.
 
@@ -153,6 +161,8 @@ class StaticClusterView:
     known_attach_errors: bool = True
     state_sequences: dict[str, int] = field(default_factory=dict)
     retained: dict[str, RetainedState] = field(default_factory=dict)
+    csidrivers: frozenset[str] | None = None
+    """The CSIDriver objects the cluster has, by name; None: unknown."""
 
     def node_labels(self, node: str) -> Mapping[str, str] | None:
         """See :meth:`ClusterView.node_labels`."""
@@ -179,6 +189,10 @@ class StaticClusterView:
     def driver_update_period(self, driver: str) -> float | None:
         """See :meth:`ClusterView.driver_update_period`."""
         return self.driver_periods.get(driver)
+
+    def csidriver_exists(self, driver: str) -> bool | None:
+        """See :meth:`ClusterView.csidriver_exists`."""
+        return None if self.csidrivers is None else driver in self.csidrivers
 
     def driver_version(self, node: str, driver: str) -> str | None:
         """See :meth:`ClusterView.driver_version`."""
@@ -220,6 +234,10 @@ class UnknownClusterView:
         return None
 
     def driver_update_period(self, driver: str) -> float | None:
+        """Always unknown."""
+        return None
+
+    def csidriver_exists(self, driver: str) -> bool | None:
         """Always unknown."""
         return None
 

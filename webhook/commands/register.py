@@ -199,8 +199,9 @@ def register(
 ) -> None:
     """Create or update the MutatingWebhookConfiguration and ValidatingWebhookConfiguration of the guard.
 
-    Both are the objects of deploy/base/webhooks.yaml (CREATE and UPDATE of csinodes, two entries each:
-    increases with failurePolicy Fail, registrations/removals/CREATE/decreases with Ignore, complementary
+    Both are the objects of deploy/base/webhooks.yaml (CREATE, UPDATE and DELETE of csinodes, two entries each:
+    increases and other writers with failurePolicy Fail, the node's own registrations/removals/CREATE/DELETE/
+    decreases with Ignore, complementary
     matchConditions, timeoutSeconds 5) with clientConfig.caBundle of every entry from --cert-dir. Running it
     again updates them in place (e.g. after `certs rotate --new-ca`); labels and annotations others added are
     kept.

@@ -6,8 +6,12 @@ keep both equal (rules, matchConditions, failurePolicy, timeouts, everything but
 
 What reaches the guard, and why (Kubernetes facts this module relies on):
 
-- ``CREATE`` and ``UPDATE`` of ``storage.k8s.io/v1`` ``csinodes``; never DELETE (a removal of the whole object is
-  not judged). kubelet creates its CSINode, registers each driver into it (``InstallCSIDriver``: a driver entry
+- ``CREATE``, ``UPDATE`` and ``DELETE`` of ``storage.k8s.io/v1`` ``csinodes``. A DELETE removes every driver's
+  limit at once (the scheduler has no limit for a node without a CSINode), so a stranger's DELETE is judged like a
+  stranger's removal (the ``Fail`` entries; writer-identity refuses it); the node's own kubelet deletes its CSINode
+  when its Node's UID changed (kubernetes#137199), and that DELETE is on the never-refused entries. On DELETE the
+  apiserver calls the mutating webhooks too, with ``oldObject`` and no ``object`` (the guard returns no patch).
+  kubelet creates its CSINode, registers each driver into it (``InstallCSIDriver``: a driver entry
   appears, or an entry is rewritten when its ``nodeID`` or ``topologyKeys`` changed), removes a driver whose
   node plugin goes away, and updates counts (KEP-4876). If it cannot create its CSINode or register a driver it
   marks the node NotReady and finally exits (~140 s of failed registration), so those writes must never fail.
@@ -20,12 +24,12 @@ What reaches the guard, and why (Kubernetes facts this module relies on):
     driver versions) without any registration or removal, or -- in the mutating configuration -- that changes or
     removes the guard's state (in the validating one: the state alone, as /validate sees the state /mutate wrote);
     and every write that matters by anyone but the node's own kubelet (``system:node:<name>`` in ``system:nodes``):
-    its CREATE, registration, removal or decrease. A guard that is down admits none of these.
+    its CREATE, registration, removal, decrease or DELETE. A guard that is down admits none of these.
   * ``node-registrations.mutate.csinode-guard.io`` / ``node-registrations.validate.csinode-guard.io``,
-    ``failurePolicy: Ignore``: the node's own kubelet's other writes that matter: its CREATE, a registration, a
-    removal, a count decrease (and any guard annotation change riding on those, the state excepted). The guard
-    judges them when it can (clamps a registration's count, never refuses it); a guard that is down, hanging or
-    misconfigured blocks none.
+    ``failurePolicy: Ignore``: the node's own kubelet's other writes that matter: its CREATE, its DELETE, a
+    registration, a removal, a count decrease (and any guard annotation change riding on those, the state
+    excepted). The guard judges them when it can (clamps a registration's count, never refuses it; lets the
+    node's DELETE through); a guard that is down, hanging or misconfigured blocks none.
 
   With ``validation="cel"`` (``register --validation cel``) both validating entries get one more condition,
   :data:`webhook.kube.one_call.NOT_DECIDED_CONDITION`: the apiserver skips /validate where the final counts are
@@ -41,8 +45,9 @@ What reaches the guard, and why (Kubernetes facts this module relies on):
   written never to fail on any object the apiserver can produce: ``spec.drivers`` is ``null`` (not ``[]``) on a
   CSINode without drivers (the Go field has no ``omitempty``), and so is ``topologyKeys`` of a driver without
   any; ``metadata.annotations``, ``allocatable`` and ``allocatable.count`` are simply absent when unset;
-  ``oldObject`` is ``null`` on CREATE, so every expression that reads it is behind ``request.operation ==
-  'UPDATE' &&`` (CEL's ``&&`` and ``||`` are short-circuiting, also past errors). Every access is guarded by
+  ``oldObject`` is ``null`` on CREATE and ``object`` on DELETE, so every expression that reads either is behind
+  ``request.operation == 'UPDATE' &&`` (CEL's ``&&`` and ``||`` are short-circuiting, also past errors); the DELETE
+  terms read ``request`` only. Every access is guarded by
   ``has()`` or a type test.
 - ``object`` and ``oldObject`` are untyped (``dyn``) maps for webhooks: the apiserver converts the versioned
   object to unstructured JSON before evaluation, so field names are the JSON ones (``allocatable.count``).
@@ -148,6 +153,11 @@ UPDATE_ONLY_CONDITION_NAME: Final = "update-only"
 UPDATE_ONLY_EXPRESSION: Final = "request.operation == 'UPDATE'"
 CREATE_OR_UPDATE_CONDITION_NAME: Final = "create-or-update-only"
 CREATE_OR_UPDATE_EXPRESSION: Final = "request.operation == 'CREATE' || request.operation == 'UPDATE'"
+OPERATIONS_CONDITION_NAME: Final = "create-update-or-delete-only"
+OPERATIONS_EXPRESSION: Final = (
+    "request.operation == 'CREATE' || request.operation == 'UPDATE' || request.operation == 'DELETE'"
+)
+"""The first condition of every csinodes entry: the operations the guard judges (CONNECT never)."""
 
 
 def _quoted(values: Sequence[str]) -> str:
@@ -233,7 +243,7 @@ MATTERS: Final = f"""({STRUCTURAL}
 
 def _judged(mutating: bool) -> str:
     raises = f"{RAISES}\n|| {STATE_CHANGED}" if mutating else RAISES
-    return f"""request.operation == 'CREATE' && !({NODE_KUBELET})
+    return f"""(request.operation == 'CREATE' || request.operation == 'DELETE') && !({NODE_KUBELET})
 || request.operation == 'UPDATE' && ({raises}
   || !({NODE_KUBELET}) && {MATTERS})"""
 
@@ -241,14 +251,15 @@ def _judged(mutating: bool) -> str:
 def _node_own(mutating: bool) -> str:
     raises = f"{RAISES}\n|| {STATE_CHANGED}" if mutating else RAISES
     return f"""({NODE_KUBELET})
-&& (request.operation == 'CREATE'
+&& (request.operation == 'CREATE' || request.operation == 'DELETE'
   || request.operation == 'UPDATE' && !({raises})
     && {MATTERS})"""
 
 
 RAISES_CONDITION_NAME: Final = "raises-a-count-or-trust-or-not-the-nodes-kubelet"
 RAISES_EXPRESSION: Final = _judged(mutating=True)
-"""Mutating ``Fail`` entry: a count or trust raised, the state changed, or anyone but the node's kubelet."""
+"""Mutating ``Fail`` entry: a count or trust raised, the state changed, or anyone but the node's kubelet (its
+CREATE, DELETE or a write that matters)."""
 VALIDATING_RAISES_EXPRESSION: Final = _judged(mutating=False)
 """Validating ``Fail`` entry: as :data:`RAISES_EXPRESSION`, but the state only alone (/validate sees the state
 /mutate just wrote on every admitted change)."""
@@ -256,13 +267,14 @@ VALIDATING_RAISES_EXPRESSION: Final = _judged(mutating=False)
 NEVER_REFUSED_CONDITION_NAME: Final = "the-nodes-own-registration-removal-create-or-decrease"
 NEVER_REFUSED_EXPRESSION: Final = _node_own(mutating=True)
 VALIDATING_NEVER_REFUSED_EXPRESSION: Final = _node_own(mutating=False)
-"""The complement of the ``Fail`` condition among the writes that matter: the node's own kubelet's CREATE, or an
-UPDATE of it with a registration, a removal, a count decrease or a guard annotation change that raises nothing."""
+"""The complement of the ``Fail`` condition among the writes that matter: the node's own kubelet's CREATE or DELETE,
+or an UPDATE of it with a registration, a removal, a count decrease or a guard annotation change that raises nothing."""
 
 
 def match_conditions(*, mutating: bool, never_refused: bool) -> tuple[Mapping[str, str], ...]:
-    """The ``matchConditions`` of one entry. The first (``create-or-update-only``) keeps every other operation
-    out even if someone widens ``rules``: a ``false`` condition skips the webhook whatever the others evaluate to."""
+    """The ``matchConditions`` of one entry. The first (``create-update-or-delete-only``) keeps every other
+    operation out even if someone widens ``rules``: a ``false`` condition skips the webhook whatever the others
+    evaluate to."""
     if never_refused:
         expression = NEVER_REFUSED_EXPRESSION if mutating else VALIDATING_NEVER_REFUSED_EXPRESSION
         name = NEVER_REFUSED_CONDITION_NAME
@@ -270,7 +282,7 @@ def match_conditions(*, mutating: bool, never_refused: bool) -> tuple[Mapping[st
         expression = RAISES_EXPRESSION if mutating else VALIDATING_RAISES_EXPRESSION
         name = RAISES_CONDITION_NAME
     return (
-        {"name": CREATE_OR_UPDATE_CONDITION_NAME, "expression": CREATE_OR_UPDATE_EXPRESSION},
+        {"name": OPERATIONS_CONDITION_NAME, "expression": OPERATIONS_EXPRESSION},
         {"name": name, "expression": expression},
     )
 
@@ -285,7 +297,7 @@ NEVER_REFUSED_MATCH_CONDITIONS: Final[tuple[Mapping[str, str], ...]] = match_con
 
 RULES: Final[tuple[Mapping[str, Any], ...]] = (
     {
-        "operations": ["CREATE", "UPDATE"],
+        "operations": ["CREATE", "UPDATE", "DELETE"],
         "apiGroups": ["storage.k8s.io"],
         "apiVersions": ["v1"],
         "resources": ["csinodes"],
@@ -339,7 +351,7 @@ def webhook_entry(
     chain (``policy test``, ``replay``); tests/deploy checks both agree on many objects.
     """
     own = username == f"system:node:{name}" and "system:nodes" in groups
-    if operation == "CREATE":
+    if operation in ("CREATE", "DELETE"):
         return "ignore" if own else "fail"
     if operation != "UPDATE":
         return None

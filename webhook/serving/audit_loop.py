@@ -176,6 +176,7 @@ class AuditLoop:
         leading = False
         while not self._stop.wait(self.settings.poll):
             try:
+                audit_metrics.LEASE_UNRENEWED.set(self.elector.unrenewed_seconds())
                 if not self.elector.is_leader or not self.view.csinodes_fresh():
                     leading = leading and self.elector.is_leader
                     continue
@@ -395,6 +396,10 @@ class AuditClusterView:
     def retained_state(self, node: str) -> RetainedState | None:
         """See :meth:`webhook.admission.cluster.ClusterView.retained_state`."""
         return self._view.retained_state(node)
+
+    def csidriver_exists(self, driver: str) -> bool | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.csidriver_exists`."""
+        return self._view.csidriver_exists(driver)
 
 
 def build_audit_loop(settings: AuditSettings, view: Any, policies: Any, keys: StateKeys, audit: Any,

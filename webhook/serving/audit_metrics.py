@@ -50,3 +50,11 @@ STATE_KEY_FOREIGN = Gauge(
     "is not the cluster's, and the audit takes no Lease and reports nothing (webhook.serving.key_check).",
     multiprocess_mode="livemax",
 )
+LEASE_UNRENEWED = Gauge(
+    "csinode_guard_audit_lease_unrenewed_seconds",
+    "Seconds the audit Lease has gone without a renewal as this replica's candidate observes it (0 while it holds "
+    "it). A renewing leader keeps it under its retry period (2 s at most); a stale or foreign holder is replaced "
+    "at the guard's own --lease-duration, so a value that keeps growing means no replica can take the Lease (alert "
+    "CSINodeGuardAuditLeaderless).",
+    multiprocess_mode="livemax",
+)

@@ -135,8 +135,9 @@ def evaluate(
 
     Never raises for bad input: an UPDATE without ``oldObject`` or with an object that is not a CSINode gives an
     ``invalid`` decision (``allowed: false``, code 400). A CREATE is judged as the registration of each of its
-    drivers (never refused; a state it carries belongs to another object and is removed); a DELETE is allowed
-    unjudged; another resource or operation reaching the webhook is allowed with a warning.
+    drivers (never refused; a state it carries belongs to another object and is removed); a DELETE is judged as
+    the removal of every driver entry (:func:`_deletion`; ``oldObject`` required, else ``invalid``); another
+    resource or operation reaching the webhook is allowed with a warning.
     """
     if not request.is_csinode:
         what = f"{request.resource}.{request.group}/{request.version}"
@@ -144,9 +145,9 @@ def evaluate(
             what += f"/{request.sub_resource}"
         return _skip(f"csinode-guard judges only storage.k8s.io/v1 csinodes, not {what}; check its webhook rules")
     if request.operation == "DELETE":
-        return _skip()
+        return _deletion(request, policy, cluster, now, keys, mode)
     if request.operation not in ("CREATE", "UPDATE"):
-        return _skip(f"csinode-guard judges only CREATE and UPDATE of csinodes, not {request.operation}")
+        return _skip(f"csinode-guard judges only CREATE, UPDATE and DELETE of csinodes, not {request.operation}")
     if request.old_object is None and request.operation == "UPDATE":
         return _invalid("UPDATE of a CSINode without oldObject: csinode-guard cannot tell what changed")
     if request.object is None:
@@ -169,16 +170,42 @@ def evaluate(
     return record(write, judgement, settlement, keys)
 
 
+def _deletion(request: AdmissionRequest, policy: Policy, cluster: ClusterView, now: datetime, keys: StateKeys,
+              mode: Mode) -> AdmissionDecision:
+    """A DELETE of a CSINode, judged as the removal of every driver entry it stores: the scheduler has no limit for
+    a node without a CSINode, so a stranger's DELETE is a stranger's removal of every entry at once (writer-identity
+    refuses it, :func:`.judge.judge`; one finding also for an object without drivers). The node's own kubelet
+    deletes its CSINode when its Node's UID changed (kubernetes#137199) and a listed writer may: admitted. The
+    AdmissionRequest of a DELETE carries ``oldObject`` (the stored object) and no ``object``; nothing is patched
+    (there is no object to patch) and no state is written; the budget is not consulted (nothing rises)."""
+    if request.old_object is None:
+        return _invalid("DELETE of a CSINode without oldObject: csinode-guard cannot tell what is deleted")
+    try:
+        old = parse_csinode(request.old_object, "oldObject")
+    except CSINodeError as exc:
+        return _invalid(f"not a valid CSINode: {exc}")
+    except RecursionError:
+        return _invalid("not a valid CSINode: nested too deeply")
+    gone = old._replace(drivers={})
+    write = classify(request, policy, cluster, now, keys, mode, old, gone)
+    judgement = judge(write, cluster, keys)
+    decision = record(write, judgement, settle(write, judgement, None, None), keys)
+    return decision._replace(response=decision.response._replace(patch=()), new_state=None)
+
+
 
 def unjudged(request: AdmissionRequest) -> AdmissionDecision:
     """The decision when judging ``request`` failed with an unexpected error (a bug): the design's asymmetry.
 
     A write that raises a count (or makes it unbounded) is refused (403), since nothing vouches for it; any
     other write is admitted unjudged with a warning. When even the objects cannot be read, the write is refused
-    (400), as :func:`evaluate` refuses objects that are not CSINodes. All carry ``auditAnnotations.decision:
-    error``.
+    (400), as :func:`evaluate` refuses objects that are not CSINodes. A DELETE makes every entry unbounded: the
+    node's own kubelet's is admitted (it must never fail), anyone else's refused (403). All carry
+    ``auditAnnotations.decision: error``.
     """
     annotations = {"decision": "error"}
+    if request.operation == "DELETE":
+        return _unjudged_deletion(request, annotations)
     try:
         old = parse_csinode(request.old_object or {}, "oldObject")
         new = parse_csinode(request.object or {}, "object")
@@ -215,4 +242,30 @@ def unjudged(request: AdmissionRequest) -> AdmissionDecision:
         ),
         decision=Decision.SKIP,
         notes=(Note("internal error: admitted unjudged"),),
+    )
+
+
+def _unjudged_deletion(request: AdmissionRequest, annotations: dict[str, str]) -> AdmissionDecision:
+    """:func:`unjudged` for a DELETE: the node's own kubelet's admitted with a warning, anyone else's refused."""
+    node = request.name
+    if request.username == f"system:node:{node}" and "system:nodes" in request.groups:
+        return AdmissionDecision(
+            response=AdmissionResponse(
+                allowed=True, audit_annotations=annotations,
+                warnings=("csinode-guard could not judge this write (internal error); the node's own DELETE was "
+                          "admitted unjudged",),
+            ),
+            decision=Decision.SKIP,
+            node=node,
+            notes=(Note("internal error: the node's own DELETE admitted unjudged"),),
+        )
+    return AdmissionDecision(
+        response=AdmissionResponse(
+            allowed=False, status_code=403, reason="Forbidden", audit_annotations=annotations,
+            message="csinode-guard could not judge this write (internal error), so it refuses the DELETE of a "
+            "CSINode by anyone but the node's own kubelet (every driver would lose its limit)",
+        ),
+        decision=Decision.DENY,
+        node=node,
+        notes=(Note("internal error: a DELETE refused unjudged"),),
     )

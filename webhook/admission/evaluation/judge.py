@@ -49,11 +49,13 @@ reason), a violation, or a note."""
 
 class Judgement(NamedTuple):
     """What the rules found about one write: ``verdicts`` in order; ``contexts`` each judged driver's rule
-    context; ``pins`` the ceiling label pinned per judged entry."""
+    context; ``pins`` the ceiling label pinned per judged entry; ``unbudgeted`` the judged drivers the cluster
+    has no CSIDriver object for (they ask nothing of the cluster budget)."""
 
     verdicts: tuple[Verdict, ...]
     contexts: Mapping[str, RuleContext]
     pins: Mapping[str, PinnedLabel | None]
+    unbudgeted: frozenset[str] = frozenset()
 
 
 def driver_version(
@@ -94,7 +96,8 @@ def judge(write: Write, cluster: ClusterView, keys: StateKeys) -> Judgement:
             verdicts.append(Remark(note))
     if write.mode is Mode.VALIDATE:
         verdicts.extend(_integrity(write, keys))
-    return Judgement(tuple(verdicts), contexts, pins)
+    unbudgeted = frozenset(c.driver for c in write.changes if cluster.csidriver_exists(c.driver) is False)
+    return Judgement(tuple(verdicts), contexts, pins, unbudgeted)
 
 
 def judge_budget(ctx: RuleContext, answer: BudgetAnswer) -> list[Violation]:
@@ -130,6 +133,8 @@ def _removals(write: Write) -> list[Found]:
     if write.writer.is_node_kubelet or write.writer.is_listed_writer:
         return []
     who = write.request.username or "(anonymous)"
+    if write.request.operation == "DELETE":
+        return _deletion(write, who)
     return [Found(None, Violation(
         rule=WRITER_IDENTITY,
         action=write.policy.for_driver(name).rules.identity_action,
@@ -139,6 +144,26 @@ def _removals(write: Write) -> list[Found]:
         "principal to spec.writers",
         annotation=f"spec.drivers[{name}] (removal)",
     )) for name in removed_drivers(write.old, write.new)]
+
+
+def _deletion(write: Write, who: str) -> list[Found]:
+    """writer-identity on a DELETE by anyone but the node's own kubelet or a listed writer: one finding about the
+    object, with the strictest writer-identity action of the drivers it stores (the default rules' for an object
+    without drivers: kubelet registers its drivers into that object, and without it none has a limit until kubelet
+    re-creates it)."""
+    dps = [write.policy.for_driver(name) for name in write.old.drivers] or [write.policy.default_driver]
+    actions = {dp.rules.identity_action for dp in dps}
+    action = next(a for a in EnforcementAction if a in actions)  # declared from the strictest (deny) down
+    stored = ", ".join(f"{n}={format_count(d.allocatable_count)}" for n, d in write.old.drivers.items()) or "none"
+    return [Found(None, Violation(
+        rule=WRITER_IDENTITY,
+        action=action,
+        why=f"{who} is not the node's kubelet nor a writer the policy lists, and a deleted CSINode leaves every "
+        f"driver of the node without a limit for the scheduler (stored: {stored})",
+        proceed="let the node's kubelet delete it (it does when its Node is re-created), or add the principal "
+        "to spec.writers",
+        annotation=f"CSINode {write.node} (deletion)",
+    ))]
 
 
 def _state_written(write: Write, keys: StateKeys) -> list[Found]:

@@ -161,22 +161,22 @@ class _Ledger:
 
     def check_budget(self, judgement: Judgement, finals: Mapping[str, int | None], budget: IncreaseBudget | None,
                      clock: float) -> bool:
-        """Ask the cluster-wide budget for the increases the request would admit (taking them; a dry run only
-        looks) and let change-rate judge each with its answer; True when that found something (it was used up)."""
+        """Ask the cluster-wide budget for the increases the request would admit, one by one in the object's order
+        within the node's fair share (taking them; a dry run only looks), and let change-rate judge each with its
+        own answer: what fits is admitted, the rest found (clamped for the node's kubelet). A driver the cluster
+        has no CSIDriver object for asks nothing. True when change-rate found something."""
         write = self.write
         if budget is None or write.mode is not Mode.MUTATE:
             return False
-        rising = [(i, c) for i, c in enumerate(write.changes) if not c.registration and rises(c, finals[c.driver])]
+        rising = [(i, c) for i, c in enumerate(write.changes)
+                  if not c.registration and rises(c, finals[c.driver]) and c.driver not in judgement.unbudgeted]
         if not rising:
             return False
-        if write.request.dry_run:
-            # A dry run gets the decision a real request would get, but takes nothing from the budget.
-            room = budget.available(clock) + 1e-9 >= len(rising)
-        else:
-            room = budget.take(len(rising), clock)
-        answer = BudgetAnswer(budget.rate, budget.burst, room)
+        # A dry run gets the decision a real request would get, but takes nothing from the budget.
+        granted = budget.admit(write.node, len(rising), clock, dry_run=write.request.dry_run)
         found = False
-        for i, c in rising:
+        for k, (i, c) in enumerate(rising):
+            answer = BudgetAnswer(budget.rate, budget.burst, k < granted)
             for v in judge_budget(judgement.contexts[c.driver], answer):
                 self.add(i, v)
                 found = True

@@ -30,7 +30,8 @@ class BudgetAnswer(NamedTuple):
 
     The budget is ``spec.rules.change-rate.clusterBudget`` (a token bucket per replica,
     :class:`webhook.admission.budget.IncreaseBudget`): ``rate`` increases per second, at most ``burst`` stored. ``room``
-    is False when it had fewer tokens than those increases (then it gave none of them).
+    is False when it did not grant this increase (the node's fair share or the bucket used up; the increases of
+    one write are granted one by one, in order).
     """
 
     rate: float

@@ -8,13 +8,16 @@ the last accepted count (the evaluation never refuses a registration, so a ``den
 uninstall/install cycles gain nothing. A first registration (no history) is judged by the ceilings only.
 
 The cluster-wide increase budget (``clusterBudget``, per replica) is the rule's second input, as the cluster view
-is an input of the others: an increase the request would admit when the budget has no room for all of them is a
-violation (:func:`check_budget`). The evaluation owns the token bucket: once every rule judged every change, it asks
-the bucket for the increases it would admit and gives the answer in ``RuleContext.cluster_budget``.
+is an input of the others: an increase the budget does not grant is a violation (:func:`check_budget`). The
+evaluation owns the token bucket: once every rule judged every change, it asks the bucket for the increases it
+would admit, one by one within the node's fair share (:meth:`webhook.admission.budget.IncreaseBudget.admit`), and
+gives each its answer in ``RuleContext.cluster_budget``. Increases of a driver the cluster has no CSIDriver object
+for ask nothing of the budget (:meth:`webhook.admission.cluster.ClusterView.csidriver_exists`).
 """
 
 from __future__ import annotations
 
+from webhook.admission.budget import node_share
 from webhook.admission.durations import format_duration
 from webhook.admission.rules.base import RuleContext, Violation
 
@@ -51,9 +54,9 @@ def check(ctx: RuleContext) -> list[Violation]:
 
 
 def check_budget(ctx: RuleContext) -> list[Violation]:
-    """Violation when the cluster-wide increase budget (``ctx.cluster_budget``) has no room for the request's
-    increases, this one among them (clamped to the old count); nothing before the budget was asked, when it had
-    room, or for a decrease or a registration."""
+    """Violation when the cluster-wide increase budget (``ctx.cluster_budget``) did not grant this increase (the
+    node's share of the window or the bucket used up; clamped to the old count); nothing before the budget was
+    asked, when it granted it, or for a decrease or a registration."""
     budget = ctx.cluster_budget
     if budget is None or budget.room or not ctx.change.is_increase or ctx.change.registration:
         return []
@@ -61,7 +64,8 @@ def check_budget(ctx: RuleContext) -> list[Violation]:
         Violation(
             rule=RULE_ID,
             action=ctx.driver_policy.rules.rate_action,
-            why=f"the cluster-wide increase budget ({budget.rate:g}/s, burst {budget.burst}) is used up",
+            why=f"the cluster-wide increase budget ({budget.rate:g}/s, burst {budget.burst}, "
+            f"{node_share(budget.burst)}/node) is used up",
             proceed="kubelet retries at its next update period; many nodes raising counts at once is worth a look",
             clamp_to=ctx.change.old,
         )

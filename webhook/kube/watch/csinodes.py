@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,47 +75,65 @@ def make_parser(keys: StateKeys) -> Any:
 def watched_increases(old: CSINodeRecord | None, new: CSINodeRecord) -> list[float]:
     """Wall-clock times (Unix seconds) of the accepted increases ``new`` shows over ``old`` (same UID, both states
     verified): each driver entry whose ``changedAt`` moved and whose count rose (None = unbounded is higher)."""
+    return [t for t, _ in watched_increases_by_driver(old, new)]
+
+
+def watched_increases_by_driver(old: CSINodeRecord | None, new: CSINodeRecord) -> list[tuple[float, str]]:
+    """:func:`watched_increases` with each increase's driver: ``(Unix seconds, driver name)``."""
     if old is None or old.csinode.uid != new.csinode.uid:
         return []
     before, after = old.decoded.state, new.decoded.state
     if before is None or after is None:
         return []
-    found: list[float] = []
+    found: list[tuple[float, str]] = []
     for driver, entry in after.entries.items():
         previous = before.entries.get(driver)
         if previous is None or previous.changed_at == entry.changed_at:
             continue
         if previous.count is not None and (entry.count is None or entry.count > previous.count):
-            found.append(entry.changed_at.timestamp())
+            found.append((entry.changed_at.timestamp(), driver))
     return found
 
 
 class IncreaseLedger:
-    """Watched increases by time (thread-safe): :meth:`add` from the watch thread, :meth:`since` from requests."""
+    """Watched increases by time, with the node and driver of each (thread-safe): :meth:`add` from the watch
+    thread, :meth:`since` from requests."""
 
     def __init__(self, horizon: float = LEDGER_HORIZON) -> None:
         self._lock = threading.Lock()
         self._times: list[float] = []
+        self._who: list[tuple[str, str]] = []  # (node, driver), parallel to _times
         self._horizon = horizon
         self.total = 0
         """Increases added so far (monotone): lets a replica match its own takes to what the watch shows."""
 
-    def add(self, times: list[float]) -> None:
-        """Record increases at ``times`` (Unix seconds); forgets those older than the horizon."""
+    def add(self, times: list[float], node: str = "", drivers: Sequence[str] = ()) -> None:
+        """Record increases at ``times`` (Unix seconds) of CSINode ``node``, ``drivers`` the driver of each (by
+        position; "" when not given); forgets those older than the horizon."""
         if not times:
             return
         with self._lock:
-            for t in times:
-                bisect.insort(self._times, t)
+            for i, t in enumerate(times):
+                at = bisect.bisect_right(self._times, t)
+                self._times.insert(at, t)
+                self._who.insert(at, (node, drivers[i] if i < len(drivers) else ""))
             self.total += len(times)
             cut = bisect.bisect_left(self._times, time.time() - self._horizon)
             if cut:
                 del self._times[:cut]
+                del self._who[:cut]
 
-    def since(self, start: float) -> int:
-        """Increases at or after ``start`` (Unix seconds)."""
+    def since(self, start: float, node: str | None = None,
+              uncounted: Callable[[str], bool] | None = None) -> int:
+        """Increases at or after ``start`` (Unix seconds); of CSINode ``node`` only when given; without those
+        whose driver ``uncounted`` says draws nothing from the budget (a driver the cluster has no CSIDriver
+        object for)."""
         with self._lock:
-            return len(self._times) - bisect.bisect_left(self._times, start)
+            first = bisect.bisect_left(self._times, start)
+            if node is None and uncounted is None:
+                return len(self._times) - first
+            return sum(1 for n, d in self._who[first:]
+                       if (node is None or n == node) and not (uncounted is not None and uncounted(d)))
 
 
 class CSINodeStore(Store[CSINodeRecord]):
@@ -130,7 +148,9 @@ class CSINodeStore(Store[CSINodeRecord]):
         """Completed lists (the first, and every re-list after 410 Gone): the audit loop passes after each."""
 
     def _observe(self, old: CSINodeRecord | None, new: CSINodeRecord) -> None:
-        self.ledger.add(watched_increases(old, new))
+        found = watched_increases_by_driver(old, new)
+        if found:
+            self.ledger.add([t for t, _ in found], new.csinode.name, [d for _, d in found])
         sequence = new.sequence
         if sequence is not None and sequence > self._sequences.get(new.csinode.uid, -1):
             self._sequences[new.csinode.uid] = sequence

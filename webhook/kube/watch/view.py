@@ -333,6 +333,12 @@ class KubernetesClusterView:
         record = self._get(self.csidrivers, driver)
         return None if record is None else record.update_period
 
+    def csidriver_exists(self, driver: str) -> bool | None:
+        """True when the CSIDriver cache holds ``driver``, False when it does not, None while it is not fresh."""
+        if not self.csidrivers.fresh(time.monotonic(), self._max_staleness):
+            return None
+        return self._get(self.csidrivers, driver) is not None
+
     def driver_version(self, node: str, driver: str) -> str | None:
         """Version of ``driver`` on ``node`` from its ``pod`` version source: the lowest SemVer among the source's
         DaemonSet-controlled pods bound to that node, in any phase (image tag of the named container in the pod
