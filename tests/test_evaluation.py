@@ -346,6 +346,30 @@ def test_a_strangers_delete_of_a_csinode_without_drivers_is_refused_too() -> Non
     assert f"CSINode {NODE} (deletion)" in judged.body["status"]["message"]
 
 
+GARBAGE_COLLECTOR = ("system:serviceaccount:kube-system:generic-garbage-collector",
+                     ["system:serviceaccounts", "system:serviceaccounts:kube-system"])
+
+
+@pytest.mark.parametrize(
+    ("cluster", "allowed"),
+    [
+        pytest.param(StaticClusterView(nodes_complete=True), True, id="its-node-is-known-to-be-gone"),
+        pytest.param(StaticClusterView(nodes={NODE: {"labels": {}}}, nodes_complete=True), False,
+                     id="its-node-exists"),
+        pytest.param(StaticClusterView(), False, id="the-nodes-are-unknown"),
+    ],
+)
+def test_the_garbage_collectors_delete_passes_only_once_the_node_is_known_to_be_gone(
+    cluster: StaticClusterView, allowed: bool
+) -> None:
+    """kube-controller-manager's garbage collector deletes a CSINode whose owner Node is gone (the CSINode's
+    ownerReference); with no Node there is no node to schedule to, so that DELETE lifts no live limit. While the
+    Node exists, or the guard cannot tell, the same DELETE is a stranger's and is refused."""
+    judged = judge(stored(25), None, operation="DELETE", user=GARBAGE_COLLECTOR, cluster=cluster)
+
+    assert judged.body["allowed"] is allowed, judged.body
+
+
 @pytest.mark.parametrize("user", [pytest.param(OTHER_KUBELET, id="another node's kubelet"),
                                   pytest.param(APPROVER, id="an approver (a justifier, not a writer)")])
 def test_nobody_else_deletes_either(user: Any) -> None:

@@ -96,6 +96,12 @@ class ClusterView(Protocol):
         (:mod:`webhook.admission.label_provenance`). A label the node set itself is left out."""
         ...
 
+    def node_exists(self, node: str) -> bool | None:
+        """True when the Node named ``node`` exists, False when the Node cache is synced and has no such Node, None
+        when unknown. A CSINode whose Node is gone is the garbage collector's to delete (its ownerReference names
+        the Node), so such a DELETE is not a stranger's removal of a live node's limits."""
+        ...
+
     def kubelet_version(self, node: str) -> str | None:
         """``status.nodeInfo.kubeletVersion`` of the Node, e.g. ``v1.35.1``, or None when unknown."""
         ...
@@ -161,8 +167,17 @@ class StaticClusterView:
     known_attach_errors: bool = True
     state_sequences: dict[str, int] = field(default_factory=dict)
     retained: dict[str, RetainedState] = field(default_factory=dict)
+    nodes_complete: bool = False
+    """True when ``nodes`` lists every Node of the cluster (then a node not in it does not exist)."""
     csidrivers: frozenset[str] | None = None
     """The CSIDriver objects the cluster has, by name; None: unknown."""
+
+    def node_exists(self, node: str) -> bool | None:
+        """See :meth:`ClusterView.node_exists`: True for a node given in ``nodes``; unknown (None) otherwise, unless
+        ``nodes_complete`` says the given nodes are all there are."""
+        if node in self.nodes:
+            return True
+        return False if self.nodes_complete else None
 
     def node_labels(self, node: str) -> Mapping[str, str] | None:
         """See :meth:`ClusterView.node_labels`."""
@@ -220,6 +235,10 @@ class StaticClusterView:
 
 class UnknownClusterView:
     """A :class:`ClusterView` that knows nothing: the offline default when no cluster is configured."""
+
+    def node_exists(self, node: str) -> bool | None:
+        """Always unknown."""
+        return None
 
     def node_labels(self, node: str) -> Mapping[str, str] | None:
         """Always unknown."""

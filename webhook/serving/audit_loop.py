@@ -401,6 +401,10 @@ class AuditClusterView:
         """See :meth:`webhook.admission.cluster.ClusterView.csidriver_exists`."""
         return self._view.csidriver_exists(driver)
 
+    def node_exists(self, node: str) -> bool | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.node_exists`."""
+        return self._view.node_exists(node)
+
 
 def build_audit_loop(settings: AuditSettings, view: Any, policies: Any, keys: StateKeys, audit: Any,
                      lock_dir: Path | None, known_driver: Any = None) -> AuditLoop | None:

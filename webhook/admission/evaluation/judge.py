@@ -76,7 +76,7 @@ def driver_version(
 def judge(write: Write, cluster: ClusterView, keys: StateKeys) -> Judgement:
     """Run every rule on ``write``: the request-level checks, each change's rules, /validate's integrity check."""
     verdicts: list[Verdict] = [Found(None, v) for v in write.declarations.violations]
-    verdicts.extend(_removals(write))
+    verdicts.extend(_removals(write, cluster))
     if write.mode is Mode.MUTATE and not write.create:
         verdicts.extend(_state_written(write, keys))
     contexts: dict[str, RuleContext] = {}
@@ -126,14 +126,18 @@ def _context(write: Write, cluster: ClusterView, change: CountChange) -> tuple[R
     return ctx, pinned.pin
 
 
-def _removals(write: Write) -> list[Found]:
+def _removals(write: Write, cluster: ClusterView) -> list[Found]:
     """writer-identity on removals: a driver entry removed by anyone but the node's own kubelet or a writer the
     policy lists is refused (a removed entry is unbounded to the scheduler). The node's own removals are never
-    judged (kubelet removes the driver of a node plugin that goes away)."""
+    judged (kubelet removes the driver of a node plugin that goes away), nor the DELETE of a CSINode whose Node
+    is known to be gone (the garbage collector's, following the CSINode's ownerReference to its Node: no node is
+    left for a pod to be scheduled to)."""
     if write.writer.is_node_kubelet or write.writer.is_listed_writer:
         return []
     who = write.request.username or "(anonymous)"
     if write.request.operation == "DELETE":
+        if cluster.node_exists(write.node) is False:
+            return []
         return _deletion(write, who)
     return [Found(None, Violation(
         rule=WRITER_IDENTITY,

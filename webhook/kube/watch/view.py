@@ -312,6 +312,17 @@ class KubernetesClusterView:
         record = self._get(self.nodes, node)
         return None if record is None else MappingProxyType(record.labels)
 
+    def node_exists(self, node: str) -> bool | None:
+        """Whether Node ``node`` exists (:meth:`ClusterView.node_exists`): None when the Node cache is not synced
+        and fresh, or its lock is busy past the lookup budget."""
+        if not self.nodes.fresh(time.monotonic(), self._max_staleness):
+            return None
+        available, record = self.nodes.store.get(node, self._budget)
+        if not available:
+            metrics.CACHE_LOOKUP_TIMEOUTS.labels(self.nodes.kind).inc()
+            return None
+        return record is not None
+
     def vouched_node_labels(self, node: str) -> Mapping[str, str] | None:
         """The labels of Node ``node`` a ceiling may be selected by (:meth:`ClusterView.vouched_node_labels`): those
         the node cannot set and those the guard's verified record says an identity other than the node set; None
