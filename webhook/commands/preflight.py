@@ -10,8 +10,13 @@ from pathlib import Path
 
 import click
 
-from webhook.admission.policy import PolicyError, load_policy
-from webhook.commands.options import cluster_options, connect
+from webhook.commands.options import (
+    GuardPolicyUnreadableError,
+    cluster_options,
+    connect,
+    guard_policy_option,
+    served_policy_for,
+)
 from webhook.kube import kubeapi
 from webhook.kube.preflight import TABLE_WIDTH, exit_code, format_checks, run_checks
 from webhook.kube.registration import CONFIGURATION_NAME
@@ -30,7 +35,8 @@ class CannotRunError(click.ClickException):
               help="kube-scheduler's version, for managed control planes that hide its pods (e.g. v1.35.2).")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               envvar="CSINODE_GUARD_POLICY", show_envvar=True,
-              help="The guard's policy, for minVersion and versionSource (default: the bundled default policy).")
+              help="A policy file for minVersion and versionSource (default: the GuardPolicy the guard serves, see "
+              "--guard-policy).")
 @click.option("--name", "configuration_name", default=CONFIGURATION_NAME, show_default=True,
               help="metadata.name of the guard's webhook configurations (as given to register --name).")
 @click.option("--namespace", "deployment_namespace", metavar="NAMESPACE",
@@ -40,9 +46,10 @@ class CannotRunError(click.ClickException):
               help="Name of the guard's Deployment (default: the Service's name, else csinode-guard as in deploy/).")
 @click.option("--output", "-o", type=click.Choice(["table", "wide", "json"]), default="table", show_default=True,
               help="table: wrapped to the terminal's width ($COLUMNS); wide: one line per check; json: everything.")
+@guard_policy_option
 @cluster_options
 def preflight(
-    *, scheduler_version: str | None, policy_path: Path | None, configuration_name: str,
+    *, scheduler_version: str | None, policy_path: Path | None, guard_policy: str, configuration_name: str,
     deployment_namespace: str | None, deployment_name: str | None, output: str,
     kubeconfig: str | None, context: str | None,
 ) -> None:
@@ -63,11 +70,12 @@ def preflight(
     """
     from webhook.kube.preflight_gather import gather_facts  # noqa: PLC0415
 
-    try:
-        policy = load_policy(policy_path)
-    except PolicyError as exc:
-        raise click.ClickException(str(exc)) from None
     client = connect(kubeconfig, context, failure=CannotRunError, echo_warnings=False)
+    try:
+        served = served_policy_for(policy_path, guard_policy, client=client)
+    except GuardPolicyUnreadableError as exc:
+        raise CannotRunError(exc.message) from None
+    policy = served.policy
     try:
         with client:
             facts = gather_facts(client, policy, now=datetime.now(UTC), scheduler_version=scheduler_version,
@@ -79,8 +87,10 @@ def preflight(
         raise CannotRunError(f"cannot read the cluster: {facts.server_version_error or facts.errors['CSINode']}")
     checks = run_checks(facts, policy)
     if output == "json":
-        click.echo(json.dumps({"checks": [c.to_json() for c in checks], "exitCode": exit_code(checks)}, indent=2))
+        click.echo(json.dumps({"checks": [c.to_json() for c in checks], "exitCode": exit_code(checks),
+                               "policy": served.to_json()}, indent=2))
     else:
         width = None if output == "wide" else shutil.get_terminal_size((TABLE_WIDTH, 24)).columns
+        click.echo(f"Judged with {served.describe()}")
         click.echo(format_checks(checks, width), nl=False)
     raise SystemExit(exit_code(checks))

@@ -14,9 +14,15 @@ import orjson
 
 from webhook.admission.capacity import build_report, format_table, report_json
 from webhook.admission.durations import parse_duration
-from webhook.admission.policy import PolicyError, load_policy
 from webhook.admission.state import StateKeys
-from webhook.commands.options import api_failure, cluster_options, connect
+from webhook.commands.options import (
+    GuardPolicyUnreadableError,
+    api_failure,
+    cluster_options,
+    connect,
+    guard_policy_option,
+    served_policy_for,
+)
 from webhook.commands.status_audit import findings_json, format_findings, read_audit_events, standing_findings
 from webhook.kube import kubeapi
 
@@ -38,13 +44,14 @@ class CannotReadError(click.ClickException):
               help="table, wide (adds ceiling reason, writer version, attach errors, pending pods), or json.")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               envvar="CSINODE_GUARD_POLICY", show_envvar=True,
-              help="The guard's policy, for the ceilings (default: the bundled default policy).")
+              help="A policy file to judge with (default: the GuardPolicy the guard serves, see --guard-policy).")
 @click.option("--state-key-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               envvar="CSINODE_GUARD_STATE_KEY_FILE", show_envvar=True,
               help="The guard's state HMAC key(s), to verify its signed state; without it the state is shown "
               "as 'unverified'.")
 @click.option("--errors-within", default="1h", show_default=True, metavar="DURATION",
               help="Attach errors this recent are shown.")
+@guard_policy_option
 @cluster_options
 def status(
     *,
@@ -53,6 +60,7 @@ def status(
     selector: str | None,
     output: str,
     policy_path: Path | None,
+    guard_policy: str,
     state_key_file: Path | None,
     errors_within: str,
     kubeconfig: str | None,
@@ -68,16 +76,17 @@ def status(
     VolumeAttachments, Pending Pods, the audit's Events in default); needs get/list on them. Then the standing
     violations: which node and entry the audit's rules no longer allow, why, and since when (the audit's Event).
     """
-    try:
-        policy = load_policy(policy_path)
-    except PolicyError as exc:
-        raise click.ClickException(str(exc)) from None
     keys = _keys(state_key_file) if state_key_file is not None else None
     try:
         window = timedelta(seconds=parse_duration(errors_within))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--errors-within") from None
     client = connect(kubeconfig, context)
+    try:
+        served = served_policy_for(policy_path, guard_policy, client=client)
+    except GuardPolicyUnreadableError as exc:
+        raise CannotReadError(exc.message) from None
+    policy = served.policy
     try:
         with client:
             node_objects, csinodes, attachments, pending = read_cluster(client, selector)
@@ -96,9 +105,11 @@ def status(
     if drivers:
         standing = [f for f in standing if f.driver in drivers]
     if output == "json":
-        document = {**report_json(report), "standingViolations": findings_json(standing, since)}
+        document = {**report_json(report), "standingViolations": findings_json(standing, since),
+                    "policy": served.to_json()}
         click.echo(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
     else:
+        sys.stdout.write(f"Judged with {served.describe()}\n")
         sys.stdout.write(format_table(report, now, wide=output == "wide") + format_findings(standing, since))
 
 

@@ -92,6 +92,14 @@ class ServedPolicy:
                 "the bundled default"
         return f"policy {self.policy.name} (hash {self.policy.hash}, {where})"
 
+    def to_json(self) -> dict[str, Any]:
+        """``{"name", "hash", "source", "origin"}`` (and ``generation`` for a GuardPolicy) for JSON output."""
+        out: dict[str, Any] = {"name": self.policy.name, "hash": self.policy.hash, "source": self.policy.source,
+                               "origin": self.origin}
+        if self.origin == "cluster":
+            out["generation"] = self.generation
+        return out
+
 
 def served_policy(path: Path | None, client: KubeClient | None, name: str = DEFAULT_NAME) -> ServedPolicy:
     """The policy a tool judges with (see the module docstring). Raises :class:`PolicyError` when the file or

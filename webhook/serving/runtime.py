@@ -37,6 +37,9 @@ def run(settings: Settings) -> int:
     policy_metrics = PolicyCollector()
     try:
         settings, cluster_policy_mirror = _cluster_policy_mirror(settings)
+    except ClusterConfigError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
     except PolicyError as exc:
         log.error("GuardPolicy refused, not starting: %s", exc)
         return 2
@@ -121,9 +124,10 @@ def _cluster_policy_mirror(settings: Settings) -> tuple[Settings, Any]:
     import dataclasses  # noqa: PLC0415
 
     from webhook.kube.guardpolicy import serving_api_client  # noqa: PLC0415
-    from webhook.kube.kubeapi import KubeClient  # noqa: PLC0415
+    from webhook.kube.kubeapi import KubeClient, check_configuration  # noqa: PLC0415
     from webhook.serving.cluster_policy import initial_mirror  # noqa: PLC0415
 
+    check_configuration(settings.kubeconfig)  # ClusterConfigError: a kubeconfig that cannot be loaded
     api_client = serving_api_client(settings.kubeconfig)
     if api_client is None:
         log.info("no cluster configured: serving the bundled default policy")
