@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
+import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +29,20 @@ from tests.k8s.controlplane import (
     CLUSTER_POLICY,
     DEFAULT_POLICY,
     REPO,
+    REQUIRE_ENV,
     ControlPlane,
+    ControlPlaneUnavailable,
     Guard,
+    counts,
+    csinode_writes,
+    discover,
+    running_guard,
     unique,
     wait_until,
 )
 
 CRD = REPO / "deploy" / "base" / "guardpolicy-crd.yaml"
+AUDIT_POLICY = REPO / "docs" / "apiserver-audit-policy.yaml"
 EBS = "ebs.csi.aws.com"
 
 
@@ -251,3 +262,110 @@ def test_replay_warns_by_kind_of_fact_on_a_metadata_level_log_and_refuses_the_gu
                               "--no-progress", check=False)
     assert own.returncode == 2, own.stdout + own.stderr
     assert "not an apiserver audit log" in own.stderr
+
+
+@pytest.fixture
+def full_facts_cluster(tmp_path: Path) -> Iterator[ControlPlane]:
+    """A control plane of its own whose apiserver logs with docs/apiserver-audit-policy.yaml (Nodes,
+    VolumeAttachments and CSIDrivers with their objects), without kube-scheduler."""
+    try:
+        cluster_sh, start_env = discover()
+    except ControlPlaneUnavailable as exc:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"no control plane: {exc} ({REQUIRE_ENV}=1)")
+        pytest.skip(f"no control plane: {exc}")
+    directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="gp-"))
+    plane = ControlPlane(directory / "k8s", cluster_sh, {
+        **start_env, "K8S_SCHEDULER": "0", "KAS_EXTRA_ARGS": f"--audit-policy-file={AUDIT_POLICY}",
+    })
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _without_objects(source: Path, target: Path) -> None:
+    """``source`` as an apiserver with cluster.sh's policy writes it: Node and VolumeAttachment events at
+    Metadata level (no request or response object)."""
+    lines = []
+    for line in source.read_text("utf-8").splitlines():
+        event = json.loads(line)
+        if (event.get("objectRef") or {}).get("resource") in ("nodes", "volumeattachments"):
+            event["level"] = "Metadata"
+            event.pop("requestObject", None)
+            event.pop("responseObject", None)
+        lines.append(json.dumps(event))
+    target.write_text("\n".join(lines) + "\n", "utf-8")
+
+
+def test_status_and_replay_agree_with_the_live_guard_where_labels_and_attach_errors_decide(
+    full_facts_cluster: ControlPlane, tmp_path: Path
+) -> None:
+    cp = full_facts_cluster
+    install_crd(cp)
+    name = unique("gp")
+
+    def by_label(doc: dict[str, Any]) -> None:
+        doc["spec"]["drivers"][EBS]["ceiling"]["values"] = {"m5.large": 31}
+
+    apply(cp, policy_doc(name, by_label))
+    args = ("--guard-policy", name, "--lease-namespace", "default")
+    with running_guard(cp, tmp_path / "guard", CLUSTER_POLICY, extra_args=args) as guard:
+        node = unique("facts")
+        cp.create_node(node, {"node.kubernetes.io/instance-type": "m5.large"})
+        cp.kubelet(node, "install", "--driver", EBS, "--node-id", f"i-{node}", "--max-volumes", "30")  # by label
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        attachment = unique("va")
+        cp.kubectl("create", "-f", "-", input=json.dumps({
+            "apiVersion": "storage.k8s.io/v1", "kind": "VolumeAttachment", "metadata": {"name": attachment},
+            "spec": {"attacher": EBS, "nodeName": node, "source": {"persistentVolumeName": unique("pv")}},
+        }))
+        cp.kubectl("patch", "volumeattachment", attachment, "--subresource=status", "--type=merge", "-p",
+                   json.dumps({"status": {"attached": False, "attachError": {
+                       "time": now, "message": "rpc error: code = ResourceExhausted", "errorCode": 8}}}))
+        time.sleep(2.5)
+        cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "12")  # a correction: attach error 8
+        time.sleep(2.5)
+        cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "24")  # undoes it: count-rollback
+        live = [r for r in guard.decisions() if r.get("node") == node and r["endpoint"] == "mutate"]
+        wait_until(lambda: len(cp.audit_events(csinode_writes(node))) >= len(live), what="all writes audited")
+        stored = counts(cp.get_csinode(node))[EBS]
+
+        def rows(log: Path) -> tuple[list[tuple[Any, ...]], str]:
+            out = guard.csinode_guard("replay", "--audit-log", str(log), "--guard-policy", name, "--format", "json",
+                                      "--no-progress")
+            events = [r for r in json.loads(out.stdout)["events"] if r["node"] == node]
+            return [tuple(r.get(k) for k in ("driver", "old", "new", "final", "decision")) for r in events], out.stderr
+
+        def live_row(record: dict[str, Any]) -> tuple[Any, ...]:
+            old = "registered" if record.get("registration") and record.get("old") is None else record.get("old")
+            return (record.get("driver"), old, record.get("new"), record.get("final"), record.get("decision"))
+
+        expected = [live_row(r) for r in live]
+        assert ("ebs.csi.aws.com", "registered", 30, 30, "allow") in expected  # the label's ceiling, 31
+        assert any(r[-1] in ("deny", "clamp") and r[2] == 24 for r in expected), expected  # the correction held
+        replayed, warnings = rows(cp.audit_log)
+        assert replayed == expected, f"{replayed}\n{expected}"
+        assert "Metadata level" not in warnings, warnings
+        # The same log as a Metadata-level policy writes it: replay says what it lacks, and it does decide
+        # otherwise (no label: the unknown ceiling 27; no attach error: no correction to hold).
+        metadata_log = tmp_path / "metadata.log"
+        _without_objects(cp.audit_log, metadata_log)
+        blind, warnings = rows(metadata_log)
+        assert "nodes are logged at Metadata level only" in warnings
+        assert "volumeattachments are logged at Metadata level only" in warnings
+        assert blind != expected
+        # status: the same policy, the same ceiling, the count the guard stored.
+        result = subprocess.run(
+            [sys.executable, "-m", "webhook", "status", "--node", node, "-o", "json", "--guard-policy", name],
+            env={**os.environ, "KUBECONFIG": str(cp.kubeconfig)}, capture_output=True, text=True, timeout=120,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        document = json.loads(result.stdout)
+        [entry] = document["entries"]
+        assert entry["allocatableCount"] == stored and entry["ceiling"] == 31 and entry["overCeiling"] is False
+        assert document["policy"]["hash"] == readyz(guard)["policy"]["hash"]
+    cp.kubectl("delete", "guardpolicy", name, check=False)
