@@ -369,3 +369,36 @@ def test_status_and_replay_agree_with_the_live_guard_where_labels_and_attach_err
         assert entry["allocatableCount"] == stored and entry["ceiling"] == 31 and entry["overCeiling"] is False
         assert document["policy"]["hash"] == readyz(guard)["policy"]["hash"]
     cp.kubectl("delete", "guardpolicy", name, check=False)
+
+
+def test_policy_migrate_carries_the_configmap_policy_over_once(crd: ControlPlane, guard: Guard) -> None:
+    cp = crd
+    name, namespace = unique("gp"), unique("old-install")
+    cp.kubectl("create", "namespace", namespace)
+
+    def raise_unknown(doc: dict[str, Any]) -> None:
+        doc["spec"]["drivers"][EBS]["ceiling"]["unknown"] = 31
+
+    old = policy_doc("default", raise_unknown)
+    cp.kubectl("create", "configmap", "csinode-guard-policy-5t2hk8m4", "-n", namespace,
+               f"--from-literal=policy.yaml={yaml.safe_dump(old)}")
+    # A replica of the new version started first and made the GuardPolicy from the bundled default.
+    bundled: dict[str, Any] = yaml.safe_load(DEFAULT_POLICY.read_text("utf-8"))
+    apply(cp, {**bundled, "metadata": {"name": name}})
+    try:
+        args = ("policy", "migrate", "--namespace", namespace, "--guard-policy", name)
+        dry = guard.csinode_guard(*args, "--dry-run")
+        assert dry.stdout.startswith("would replace") and get_policy(cp, name)["metadata"]["generation"] == 1
+        migrated = guard.csinode_guard(*args)
+        assert migrated.stdout.startswith(f"replaced guardpolicy/{name} generation 1 (the bundled default)")
+        stored = get_policy(cp, name)
+        assert stored["spec"] == old["spec"]
+        again = guard.csinode_guard(*args)
+        assert "nothing to do" in again.stdout
+        # Someone edits it afterwards: a second migration leaves the edit alone unless --force.
+        apply(cp, policy_doc(name))
+        refused = guard.csinode_guard(*args, check=False)
+        assert refused.returncode == 1 and "was edited" in refused.stderr
+        assert get_policy(cp, name)["spec"] == policy_doc(name)["spec"]
+    finally:
+        cp.kubectl("delete", "guardpolicy", name, check=False)
