@@ -166,6 +166,8 @@ class ClusterPolicy:
         self._error = ""
         self._missing_logged = False
         self._last_report: tuple[ReplicaReport, float] | None = None
+        self._report_error = ""  # each logged once until it changes
+        self._status_error = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.store: Store[dict[str, Any]] = Store("guardpolicies")
@@ -284,9 +286,13 @@ class ClusterPolicy:
             else:
                 self.client.send(ApiRequest("PUT", path, body=body))
         except Exception as exc:  # the namespace missing, RBAC, the apiserver away: tried again next round
-            log.warning("policy report Lease %s/%s not written: %s", self.namespace,
-                        report_lease_name(self.identity), exc)
+            text = str(exc)
+            log.log(logging.WARNING if text != self._report_error else logging.DEBUG,
+                    "policy report Lease %s/%s not written: %s", self.namespace, report_lease_name(self.identity),
+                    text)
+            self._report_error = text
             return
+        self._report_error = ""
         self._last_report = (report, now_mono)
 
     def _write_status(self, obj: dict[str, Any], verdict: Policy | PolicyError) -> None:
@@ -302,9 +308,15 @@ class ClusterPolicy:
             self.client.send(ApiRequest("PUT", guardpolicy_path(self.name) + "/status", body=body))
         except KubeApiError as exc:
             if exc.code != 409:  # a conflict: the watch brings the newer object, the next round writes again
-                log.warning("GuardPolicy %s status not written: %s", self.name, exc)
+                self._status_failed(exc)
         except Exception as exc:
-            log.warning("GuardPolicy %s status not written: %s", self.name, exc)
+            self._status_failed(exc)
+
+    def _status_failed(self, exc: Exception) -> None:
+        text = str(exc)
+        log.log(logging.WARNING if text != self._status_error else logging.DEBUG,
+                "GuardPolicy %s status not written: %s", self.name, text)
+        self._status_error = text
 
 
 def _as_dict(obj: Mapping[str, Any]) -> dict[str, Any]:
