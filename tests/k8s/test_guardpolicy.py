@@ -231,7 +231,13 @@ def test_status_judges_with_the_guardpolicy_the_guard_serves_and_says_which(
         bundled, default = _ceilings(cp, node, "--policy", str(DEFAULT_POLICY))
         assert bundled == 27 and default["origin"] == "file"
         table = guard.csinode_guard("status", "--node", node, "--guard-policy", name).stdout
-        assert table.splitlines()[0].startswith(f"Judged with policy {name} (hash {policy['hash']}, guardpolicy/")
+        assert table.splitlines()[-1].startswith(f"Judged with policy {name} (hash {policy['hash']}, guardpolicy/")
+        tested = guard.csinode_guard("policy", "test", str(REPO / "policies" / "tests"), "--guard-policy", name,
+                                     check=False)
+        assert f"Judged with policy {name} (hash {policy['hash']}, guardpolicy/{name} generation 1)" in \
+            tested.stderr, tested.stderr
+        preflight = guard.csinode_guard("preflight", "--guard-policy", name, "-o", "json", check=False)
+        assert json.loads(preflight.stdout)["policy"]["hash"] == policy["hash"], preflight.stderr
     finally:
         cp.kubectl("delete", "guardpolicy", name, check=False)
 

@@ -91,6 +91,6 @@ def preflight(
                                "policy": served.to_json()}, indent=2))
     else:
         width = None if output == "wide" else shutil.get_terminal_size((TABLE_WIDTH, 24)).columns
-        click.echo(f"Judged with {served.describe()}")
         click.echo(format_checks(checks, width), nl=False)
+        click.echo(f"Judged with {served.describe()}", err=True)  # standard output is the table alone
     raise SystemExit(exit_code(checks))

@@ -36,8 +36,16 @@ from webhook.admission.restore_plan import (
     plan_restore,
 )
 from webhook.admission.state import STATE_ANNOTATION, StateKeys
-from webhook.commands.options import api_failure, cluster_options, connect, guard_policy_option, served_policy_for
+from webhook.commands.options import (
+    GuardPolicyUnreadableError,
+    api_failure,
+    cluster_options,
+    connect,
+    guard_policy_option,
+    served_policy_for,
+)
 from webhook.kube import kubeapi
+from webhook.kube.guardpolicy import ServedPolicy
 
 FIELD_MANAGER = "csinode-guard-restore"
 ATTEMPTS = 5
@@ -171,11 +179,18 @@ def restore(
     now = datetime.now(UTC)
     request = JustificationRequest(reason.strip(), ticket, now + timedelta(seconds=lifetime))
     with connect(kubeconfig, context) as client:
-        served = served_policy_for(policy_path, guard_policy, client=client)
-        click.echo(f"Judged with {served.describe()}")
-        ceiling = _ceiling(client, served.policy, node, driver)
+        try:
+            served: ServedPolicy | None = served_policy_for(policy_path, guard_policy, client=client)
+        except GuardPolicyUnreadableError as exc:  # advisory only: the guard judges the update either way
+            click.echo(f"WARNING: {exc.message}; the restored count is not checked against the policy's ceiling",
+                       err=True)
+            served = None
+        ceiling = None
+        if served is not None:
+            click.echo(f"Judged with {served.describe()}")
+            ceiling = _ceiling(client, served.policy, node, driver)
         plan, stored = _update(client, node, driver, keys, key_source, request, now, dry_run)
-        if ceiling is not None and plan.target > ceiling[0]:
+        if served is not None and ceiling is not None and plan.target > ceiling[0]:
             click.echo(f"WARNING: {served.policy.name}'s ceiling for {driver} on {node} is {ceiling[0]} "
                        f"({ceiling[1]}): the guard clamps the restored count to it", err=True)
     _report(plan, stored, dry_run, lifetime)

@@ -109,8 +109,8 @@ def status(
                     "policy": served.to_json()}
         click.echo(orjson.dumps(document, option=orjson.OPT_INDENT_2).decode())
     else:
-        sys.stdout.write(f"Judged with {served.describe()}\n")
         sys.stdout.write(format_table(report, now, wide=output == "wide") + format_findings(standing, since))
+        sys.stdout.write(f"Judged with {served.describe()}\n")
 
 
 def read_cluster(client: kubeapi.KubeClient, selector: str | None) -> tuple[list[kubeapi.JSON], ...]:
