@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 from webhook.admission.policy import Policy, PolicyError, load_policy
-from webhook.admission.safe_yaml import load_yaml
 from webhook.kube.guardpolicy import describe, guardpolicy_path, parse_guardpolicy, policy_document
 from webhook.kube.guardpolicy_status import (
     REPORT_LABEL,
@@ -330,8 +329,3 @@ def _comparable(status: Mapping[str, Any]) -> Any:
                          for c in status.get("conditions") or [] if isinstance(c, Mapping)]
     return json.loads(json.dumps(out, sort_keys=True))
 
-
-def read_mirror(path: Path) -> dict[str, Any]:
-    """The document in the mirror file (tests and the migration compare it)."""
-    loaded: dict[str, Any] = load_yaml(path.read_text("utf-8"))
-    return loaded
