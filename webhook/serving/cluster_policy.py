@@ -117,6 +117,7 @@ def initial_mirror(client: KubeClient, name: str, *, create: bool = True) -> Mir
         raise
     write_mirror(path, policy_document(obj))
     generation = int((obj.get("metadata") or {}).get("generation") or 0)
+    log.info("serving %s (hash %s), followed by a watch", describe(obj), policy.hash)
     return Mirror(path, generation, policy.hash, describe(obj))
 
 
