@@ -254,9 +254,11 @@ def test_the_guard_can_only_read_what_its_cluster_view_needs_and_write_what_its_
         | {(NAMESPACE, "", "secrets", "create")}
         # the audit: the CSINode watch, and an update that lowers a standing count (no create, patch, delete)
         | {("*", "storage.k8s.io", "csinodes", verb) for verb in (*read, "update")}
-        # its Leases (leader elections, its policy report; list: the status writer reads every replica's report)
-        # and its Events about CSINodes (which must live in default)
-        | {(NAMESPACE, "coordination.k8s.io", "leases", verb) for verb in ("get", "list", "create", "update")}
+        # its Leases (leader elections, its policy report; list and delete: the status writer reads every
+        # replica's report and removes those of replicas long gone) and its Events about CSINodes (which must
+        # live in default)
+        | {(NAMESPACE, "coordination.k8s.io", "leases", verb)
+           for verb in ("get", "list", "create", "update", "delete")}
         # the GuardPolicy: watched, created from the bundled default when absent (never updated or deleted), and
         # its status written
         | {("*", "csinode-guard.io", "guardpolicies", verb) for verb in (*read, "create")}

@@ -23,6 +23,7 @@ talks to. The gunicorn master of each replica:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -54,6 +55,9 @@ log = logging.getLogger("csinode_guard.policy")
 
 MIRROR_FILE = "guardpolicy.json"
 BUNDLED_SOURCE = "bundled default (no GuardPolicy)"
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+REPORT_GARBAGE = 3600.0
+"""Seconds after its last renewal that the status writer deletes a replica's report Lease."""
 
 
 def replica_identity() -> str:
@@ -125,7 +129,11 @@ def _create_default(client: KubeClient, name: str) -> dict[str, Any] | None:
     """Create GuardPolicy ``name`` from the bundled default; the object (also when another replica was first),
     or None when it cannot be created."""
     document = bundled_document()
-    body = {**document, "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "csinode-guard"}}}
+    body: dict[str, Any] = {**document, "metadata": {"name": name,
+                                                     "labels": {"app.kubernetes.io/name": "csinode-guard"}}}
+    # As `kubectl create --save-config` does: the first `kubectl apply` of an edit then merges against it,
+    # without kubectl's warning about a missing annotation.
+    body["metadata"]["annotations"] = {LAST_APPLIED: json.dumps(body, sort_keys=True, separators=(",", ":"))}
     try:
         created: dict[str, Any] = client.send(ApiRequest("POST", guardpolicy_path(), body=body))
     except KubeApiError as exc:
@@ -185,10 +193,19 @@ class ClusterPolicy:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop the loop, the watch and the election (giving the status Lease up)."""
+        """Stop the loop, the watch and the election (giving the status Lease up), and end this replica's report
+        (its Lease expires at once: a replica that left is no longer counted in ``status.replicas``)."""
         self._stop.set()
         self.reflector.stop()
         self.elector.stop()
+        path = lease_path(self.namespace, report_lease_name(self.identity))
+        try:
+            lease = self.client.send(ApiRequest("GET", path))
+            spec = {**(lease.get("spec") or {}), "leaseDurationSeconds": 1,
+                    "renewTime": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+            self.client.send(ApiRequest("PUT", path, body={**lease, "spec": spec}))
+        except Exception as exc:  # best effort: the report then expires after REPORT_EXPIRY seconds
+            log.info("policy report Lease not ended (%s); it expires on its own", exc)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
@@ -300,7 +317,9 @@ class ClusterPolicy:
         try:
             leases = self.client.send(ApiRequest(
                 "GET", lease_path(self.namespace), (("labelSelector", f"{REPORT_LABEL}={self.name}"),)))
-            reports = live_reports(leases.get("items") or [], datetime.now(UTC))
+            items = leases.get("items") or []
+            reports = live_reports(items, datetime.now(UTC))
+            self._collect(items, datetime.now(UTC))
             status = guardpolicy_status(obj, verdict, reports, datetime.now(UTC))
             if _comparable(status) == _comparable(obj.get("status") or {}):
                 return
@@ -311,6 +330,20 @@ class ClusterPolicy:
                 self._status_failed(exc)
         except Exception as exc:
             self._status_failed(exc)
+
+    def _collect(self, leases: list[dict[str, Any]], now: datetime) -> None:
+        """Delete the report Leases of replicas gone for more than :data:`REPORT_GARBAGE` seconds (each pod of a
+        rollout has a name of its own; their reports would pile up)."""
+        for lease in leases:
+            renewed = str((lease.get("spec") or {}).get("renewTime") or "")
+            try:
+                age = (now - datetime.strptime(renewed, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)).total_seconds()
+            except ValueError:
+                continue
+            if age > REPORT_GARBAGE:
+                name = str((lease.get("metadata") or {}).get("name") or "")
+                with contextlib.suppress(KubeApiError):
+                    self.client.send(ApiRequest("DELETE", lease_path(self.namespace, name)))
 
     def _status_failed(self, exc: Exception) -> None:
         text = str(exc)
