@@ -19,8 +19,6 @@ SERVE_ARGS = [
     "--no-generate-certs",
     "--cert-dir",
     "/etc/csinode-guard/certs",
-    "--policy",
-    "/etc/csinode-guard/policy/policy.yaml",
     "--state-key-file",
     "/etc/csinode-guard/state-key/key",
     "--dns-name",
@@ -32,6 +30,7 @@ SERVE_ARGS = [
 ]
 CLUSTER_SCOPED = {
     "Namespace",
+    "CustomResourceDefinition",
     "ClusterRole",
     "ClusterRoleBinding",
     "MutatingWebhookConfiguration",
@@ -60,15 +59,16 @@ def test_every_kustomization_renders(rendered: dict[str, Objects], kustomization
 
 def test_base_holds_every_object_an_installation_needs(rendered: dict[str, Objects]) -> None:
     kinds = sorted((o["kind"], o["metadata"]["name"]) for o in rendered["base"])
-    policy_configmaps = [name for kind, name in kinds if kind == "ConfigMap"]
-    assert len(policy_configmaps) == 1 and policy_configmaps[0].startswith("csinode-guard-policy-")
-    assert [k for k in kinds if k[0] != "ConfigMap"] == [
+    assert kinds == [
         ("ClusterRole", "csinode-guard"),
         ("ClusterRole", "csinode-guard-approver"),
         ("ClusterRole", "csinode-guard-ca-injector"),
+        ("ClusterRole", "csinode-guard-policy-editor"),
+        ("ClusterRole", "csinode-guard-policy-viewer"),
         ("ClusterRole", "csinode-guard-registrar"),
         ("ClusterRoleBinding", "csinode-guard"),
         ("ClusterRoleBinding", "csinode-guard-ca-injector"),
+        ("CustomResourceDefinition", "guardpolicies.csinode-guard.io"),
         ("Deployment", NAME),
         ("MutatingWebhookConfiguration", NAME),
         ("MutatingWebhookConfiguration", f"{NAME}-nodes"),
@@ -120,6 +120,7 @@ def test_the_container_runs_the_documented_serve_command(rendered: dict[str, Obj
         "CSINODE_GUARD_INJECT_CA_BUNDLE": NAME,
         "CSINODE_GUARD_STATE_KEY_SECRET": "csinode-guard-state-key",
         "POD_NAMESPACE": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        "POD_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},  # its name in the GuardPolicy's status.byPod
     }
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {"https": 8443, "metrics": 9090}
 
@@ -176,8 +177,7 @@ def test_volumes_match_the_paths_in_the_serve_command(rendered: dict[str, Object
     written = ("/etc/csinode-guard/certs", "/etc/csinode-guard/state-key", "/tmp")
     for path in written:  # the guard copies its Secrets there: in memory, never on the node's disk
         assert volumes[mounts[path]["name"]]["emptyDir"]["medium"] == "Memory", path
-    policy = volumes[mounts["/etc/csinode-guard/policy"]["name"]]
-    assert policy["configMap"]["name"] == find(objects, "ConfigMap")["metadata"]["name"]
+    assert not any(v.get("configMap") for v in volumes.values()), "the policy is the cluster's GuardPolicy"
     assert all(m.get("readOnly") for path, m in mounts.items() if path not in written)
     assert not any(v.get("secret") for v in volumes.values()), "no Secret the install must make first"
 
@@ -258,9 +258,15 @@ def test_the_guard_can_only_read_what_its_cluster_view_needs_and_write_what_its_
         | {(NAMESPACE, "", "secrets", "create")}
         # the audit: the CSINode watch, and an update that lowers a standing count (no create, patch, delete)
         | {("*", "storage.k8s.io", "csinodes", verb) for verb in (*read, "update")}
-        # its Lease (create: RBAC cannot limit it by name; get and update by name below) and its Events about
-        # CSINodes (which must live in default)
-        | {(NAMESPACE, "coordination.k8s.io", "leases", "create")}
+        # its Leases (leader elections, its policy report; list and delete: the status writer reads every
+        # replica's report and removes those of replicas long gone) and its Events about CSINodes (which must
+        # live in default)
+        | {(NAMESPACE, "coordination.k8s.io", "leases", verb)
+           for verb in ("get", "list", "create", "update", "delete")}
+        # the GuardPolicy: watched, created from the bundled default when absent (never updated or deleted), and
+        # its status written
+        | {("*", "csinode-guard.io", "guardpolicies", verb) for verb in (*read, "create")}
+        | {("*", "csinode-guard.io", "guardpolicies/status", verb) for verb in ("get", "update")}
         | {("default", "events.k8s.io", "events", "create")}
         # one call or two (serve --validation auto): which other mutators match CSINodes, read only
         | {("*", "admissionregistration.k8s.io", kind, "list")
@@ -301,23 +307,33 @@ def test_the_people_roles_are_bound_to_nobody(rendered: dict[str, Objects]) -> N
     ]
 
 
-def test_the_policy_configmap_is_generated_from_policies_default_yaml(rendered: dict[str, Objects]) -> None:
+def test_the_shipped_guardpolicy_is_policies_default_yaml(kubectl: str) -> None:
     source = (REPO / "policies" / "default.yaml").read_text("utf-8")
-    copy = (DEPLOY / "base" / "policy.yaml").read_text("utf-8")
+    copy = (DEPLOY / "policy" / "guardpolicy.yaml").read_text("utf-8")
     assert copy == source, (
-        "deploy/base/policy.yaml differs from policies/default.yaml; run: "
-        "cp policies/default.yaml deploy/base/policy.yaml"
+        "deploy/policy/guardpolicy.yaml differs from policies/default.yaml; run: "
+        "cp policies/default.yaml deploy/policy/guardpolicy.yaml"
     )
-    for kustomization in ("base", "overlays/default", "overlays/cert-manager"):
-        configmap = find(rendered[kustomization], "ConfigMap")
-        assert configmap["data"] == {"policy.yaml": source}
+    [policy] = kustomize(kubectl, DEPLOY / "policy")
+    assert policy == yaml.safe_load(source)
 
 
 def test_the_shipped_policy_loads() -> None:
     from webhook.admission.policy import load_policy  # noqa: PLC0415 - the policy module is another issue's
 
-    policy = load_policy(DEPLOY / "base" / "policy.yaml")
+    policy = load_policy(DEPLOY / "policy" / "guardpolicy.yaml")
     assert policy.name == "default"
+
+
+def test_the_shipped_crd_is_the_generated_one(rendered: dict[str, Objects]) -> None:
+    from webhook.kube.guardpolicy_crd import crd, crd_yaml  # noqa: PLC0415
+
+    shipped = (DEPLOY / "base" / "guardpolicy-crd.yaml").read_text("utf-8")
+    assert shipped == crd_yaml(), (
+        "deploy/base/guardpolicy-crd.yaml differs from the generator; run: "
+        "csinode-guard policy crd > deploy/base/guardpolicy-crd.yaml"
+    )
+    assert find(rendered["base"], "CustomResourceDefinition") == crd()
 
 
 def test_no_key_material_is_committed_under_deploy() -> None:
@@ -437,33 +453,6 @@ def test_a_fresh_clone_renders_with_no_prior_step(kubectl: str, tmp_path: Path) 
     assert result.returncode == 0, result.stderr
     kinds = {doc["kind"] for doc in yaml.safe_load_all(result.stdout) if doc}
     assert {"Deployment", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} <= kinds
-
-
-def test_the_documented_policy_override_replaces_the_configmap(kubectl: str, tmp_path: Path) -> None:
-    root = tmp_path / "deploy"
-    shutil.copytree(DEPLOY / "base", root / "base")
-    policy = "apiVersion: csinode-guard.io/v1alpha1\nkind: GuardPolicy\nspec: {}\n"
-    overlay = _write_overlay(
-        root,
-        "mycluster",
-        {
-            "resources": ["../../base"],
-            "configMapGenerator": [
-                {
-                    "name": "csinode-guard-policy",
-                    "namespace": NAMESPACE,
-                    "behavior": "replace",
-                    "files": ["policy.yaml"],
-                }
-            ],
-        },
-        {"policy.yaml": policy},
-    )
-    objects = kustomize(kubectl, overlay)
-    configmap = find(objects, "ConfigMap")
-    assert configmap["data"] == {"policy.yaml": policy}
-    volumes = {v["name"]: v for v in _pod_spec(objects)["volumes"]}
-    assert volumes["policy"]["configMap"]["name"] == configmap["metadata"]["name"]
 
 
 def test_the_vap_overlay_ships_what_policy_export_builds_from_the_default_policy(rendered: dict[str, Objects]) -> None:

@@ -452,6 +452,11 @@ ADMIN_USER = "test-admin"
 """The admin kubeconfig's user (cluster.sh): the version reporter of :func:`fast_policy` with ``reporter``."""
 
 
+CLUSTER_POLICY = Path("<the cluster's GuardPolicy>")
+"""``guard_factory(CLUSTER_POLICY, extra_args=("--guard-policy", NAME))``: a guard that serves the cluster's
+GuardPolicy NAME instead of a policy file (webhook/serving/cluster_policy.py)."""
+
+
 def fast_policy(path: Path, min_interval: str = "2s", *, reporter: str | None = None) -> Path:
     """The default policy with change-rate's ``minInterval`` shortened (as tests/test_e2e.py does).
 
@@ -547,6 +552,11 @@ class Guard:
             raise AssertionError(f"csinode-guard {' '.join(args)} -> {proc.returncode}: {proc.stderr}{proc.stdout}")
         return proc
 
+    def _policy_args(self) -> tuple[str, ...]:
+        """``--policy FILE``, or for :data:`CLUSTER_POLICY` none: the guard serves the cluster's GuardPolicy (the
+        one ``--guard-policy`` in ``extra_args`` names)."""
+        return () if self.policy_path == CLUSTER_POLICY else ("--policy", str(self.policy_path))
+
     def start(self, timeout: float = 90.0) -> None:
         """Start serve (same port as before) and wait for /readyz (its watch caches synced)."""
         if self.process is not None and self.process.poll() is None:
@@ -557,7 +567,7 @@ class Guard:
             "--host", "127.0.0.1", "--port", str(self.port), "--metrics-port", str(self.metrics_port),
             "--cert-dir", str(self.cert_dir), "--no-generate-certs",
             "--kubeconfig", str(self.control_plane.kubeconfig),
-            "--policy", str(self.policy_path), "--policy-reload-interval", "0.5",
+            *self._policy_args(), "--policy-reload-interval", "0.5",
             "--state-key-file", str(self.cert_dir / "state.key"),
             "--audit-log", str(self.decisions_log),
             "--workers", str(self.workers), *self.extra_args,

@@ -11,11 +11,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from webhook.admission.policy import PolicyError
 from webhook.kube import kubeapi
+from webhook.kube.guardpolicy import ServedPolicy, served_policy
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -188,3 +191,55 @@ def api_failure(what: str, exc: kubeapi.KubeApiError | kubeapi.ApiUnreachableErr
         return NoClusterError(f"{what}: no answer from the API server: {exc}")
     reason = f" {exc.reason}" if exc.reason else ""
     return click.ClickException(f"{what}: the API server answered {exc.code}{reason}: {exc.message}")
+
+
+class GuardPolicyUnreadableError(click.ClickException):
+    """The cluster could not say which policy the guard serves (exit code 1 unless a command maps it)."""
+
+
+def guard_policy_option(command: F) -> F:
+    """``--guard-policy NAME`` (also ``$CSINODE_GUARD_GUARD_POLICY``; default ``default``): the GuardPolicy the
+    guard serves, which a command given a cluster judges with unless ``--policy FILE`` is given. The command
+    receives it as ``guard_policy``."""
+    return click.option(
+        "--guard-policy",
+        "guard_policy",
+        default="default",
+        show_default=True,
+        metavar="NAME",
+        envvar="CSINODE_GUARD_GUARD_POLICY",
+        help="The cluster's GuardPolicy to judge with (the one the guard serves) when --policy is not given.",
+    )(command)
+
+
+def served_policy_for(
+    policy_path: Path | None,
+    name: str,
+    *,
+    client: kubeapi.KubeClient | None = None,
+    kubeconfig: str | None = None,
+    context: str | None = None,
+) -> ServedPolicy:
+    """The policy a command judges with (:func:`webhook.kube.guardpolicy.served_policy`): ``policy_path``; else
+    GuardPolicy ``name`` of the cluster (``client``, else the one ``kubeconfig``/``context`` select; with no
+    cluster configured, or none there, the bundled default, which the guard also serves then). Raises
+    ``click.ClickException`` (exit 1) for a refused policy, :class:`GuardPolicyUnreadableError` for a cluster that
+    cannot say."""
+    if policy_path is None and client is None:
+        try:
+            client = connect(kubeconfig, context, echo_warnings=False)
+        except click.UsageError:  # no cluster configured: judge offline with the bundled default
+            client = None
+    try:
+        return served_policy(policy_path, client, name)
+    except PolicyError as exc:
+        if policy_path is not None:
+            raise click.ClickException(f"policy refused: {exc}") from None
+        raise click.ClickException(
+            f"GuardPolicy {name} is refused by the guard's checks, which keep serving the last good policy "
+            f"(its hash is in `kubectl get guardpolicy {name} -o yaml`, status.byPod): {exc}; "
+            "pass --policy FILE to judge with a file"
+        ) from None
+    except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
+        failure = api_failure(f"cannot read GuardPolicy {name} (pass --policy FILE to judge with a file)", exc)
+        raise GuardPolicyUnreadableError(failure.message) from None

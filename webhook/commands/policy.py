@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,11 +20,18 @@ from webhook.admission.safe_yaml import load_yaml
 from webhook.admission.version_trust import version_source_warnings
 from webhook.commands.options import (
     EXIT_FINDINGS,
+    api_failure,
+    cluster_options,
+    connect,
     deprecated_alias,
     echo_document,
     output_option,
+    served_policy_for,
     take_deprecated,
 )
+from webhook.kube import kubeapi
+from webhook.kube.guardpolicy_crd import crd_yaml
+from webhook.kube.guardpolicy_migration import MigrationError, migrate_configmap
 from webhook.kube.vap import VAP_NAME, export_vap
 from webhook.simulation.policy_test_files import KIND as TEST_KIND
 from webhook.simulation.policy_test_files import PolicyTestError, find_test_files, load_test_file
@@ -122,8 +132,13 @@ def validate(paths: tuple[Path, ...], filenames: tuple[Path, ...], quiet: bool) 
 @click.option("--output-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the report here instead of standard output (the summary still goes to stderr).")
 @click.option("--verbose", "-v", is_flag=True, help="Show every step, not only failing ones.")
+@click.option("--guard-policy", "guard_policy", metavar="NAME",
+              help="Run every test file against the cluster's GuardPolicy NAME (the policy the guard serves; the "
+              "cluster of --kubeconfig/--context) instead of the one the file names.")
+@cluster_options
 def test(paths: tuple[Path, ...], filenames: tuple[Path, ...], policy_path: Path | None, output: str,
-         output_file: Path | None, verbose: bool) -> None:
+         output_file: Path | None, verbose: bool, guard_policy: str | None, kubeconfig: str | None,
+         context: str | None) -> None:
     """Run table-driven policy tests (kind: PolicyTest) from files or directories.
 
     Each case is a sequence of CSINode writes over time with the cluster facts at each moment; every write goes
@@ -133,11 +148,20 @@ def test(paths: tuple[Path, ...], filenames: tuple[Path, ...], policy_path: Path
     files = find_test_files(_files(paths, filenames))
     if not files:
         raise click.ClickException("no test files (*.yaml, *.yml) found")
-    results = [run_test_file(f, policy_path) for f in files]
+    if guard_policy is not None and policy_path is not None:
+        raise click.UsageError("--policy and --guard-policy exclude each other")
+    with contextlib.ExitStack() as stack:
+        if guard_policy is not None:
+            served = served_policy_for(None, guard_policy, kubeconfig=kubeconfig, context=context)
+            directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="csinode-guard-policy-")))
+            policy_path = directory / f"{served.policy.name}.yaml"
+            policy_path.write_text(json.dumps(dict(served.policy.document)), "utf-8")
+            click.echo(f"Judged with {served.describe()}", err=True)
+        elif policy_path is not None:
+            click.echo(f"Judged with {served_policy_for(policy_path, '').describe()}", err=True)
+        results = [run_test_file(f, policy_path) for f in files]
     if output in ("json", "yaml"):
         if output_file is not None:
-            import json  # noqa: PLC0415
-
             document = report_json(results)
             text = json.dumps(document, indent=2) + "\n" if output == "json" else yaml.safe_dump(
                 document, sort_keys=False, width=10**9)
@@ -156,6 +180,46 @@ def test(paths: tuple[Path, ...], filenames: tuple[Path, ...], policy_path: Path
                    + (f", {t.errors} could not run" if t.errors else ""), err=True)
     if t.failed or t.errors:
         sys.exit(EXIT_FINDINGS)
+
+
+@policy.command("crd")
+def crd_command() -> None:
+    """Print the GuardPolicy CustomResourceDefinition, generated from the policy JSON Schema the guard validates
+    with (deploy/base/guardpolicy-crd.yaml is this output: csinode-guard policy crd > deploy/base/guardpolicy-crd.yaml).
+    """
+    click.echo(crd_yaml(), nl=False)
+
+
+@policy.command("migrate")
+@click.option("--namespace", default="csinode-guard", show_default=True,
+              help="Namespace of the guard's old policy ConfigMap (csinode-guard-policy-<hash>, key policy.yaml).")
+@click.option("--configmap", metavar="NAME",
+              help="The ConfigMap to carry over (default: the newest csinode-guard-policy-* with a policy.yaml).")
+@click.option("--guard-policy", "guard_policy", default="default", show_default=True, metavar="NAME",
+              help="The GuardPolicy to create (or replace, see --force).")
+@click.option("--force", is_flag=True,
+              help="Replace a GuardPolicy that someone has edited (by default only one absent, or the untouched "
+              "bundled default a replica created, is replaced).")
+@click.option("--dry-run", is_flag=True, help="Show what would be done; change nothing.")
+@cluster_options
+def migrate(namespace: str, configmap: str | None, guard_policy: str, force: bool, dry_run: bool,
+            kubeconfig: str | None, context: str | None) -> None:
+    """Carry the policy of an installation that kept it in a ConfigMap over into the GuardPolicy, once.
+
+    Reads policy.yaml of the ConfigMap, checks it as the guard does, and creates GuardPolicy NAME from it; when
+    the GuardPolicy exists only as the bundled default a replica created at start (generation 1, the bundled
+    policy's hash), it is replaced; an edited one is left alone unless --force. The ConfigMap is not deleted
+    (docs/operations.md, "Moving from the policy ConfigMap").
+    """
+    client = connect(kubeconfig, context)
+    with client:
+        try:
+            result = migrate_configmap(client, namespace, configmap, guard_policy, force=force, dry_run=dry_run)
+        except MigrationError as exc:
+            raise click.ClickException(str(exc)) from None
+        except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
+            raise api_failure("migration failed", exc) from None
+    click.echo(result)
 
 
 @policy.command("export")

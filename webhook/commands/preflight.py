@@ -10,16 +10,18 @@ from pathlib import Path
 
 import click
 
-from webhook.admission.policy import PolicyError, load_policy
 from webhook.commands.options import (
     EXIT_BLOCKING,
     EXIT_FINDINGS,
     EXIT_OK,
+    GuardPolicyUnreadableError,
     NoClusterError,
     cluster_options,
     connect,
     echo_document,
+    guard_policy_option,
     output_option,
+    served_policy_for,
 )
 from webhook.kube import kubeapi
 from webhook.kube.preflight import TABLE_WIDTH, exit_code, format_checks, run_checks
@@ -36,7 +38,8 @@ EXIT_BY_SEVERITY = {0: EXIT_OK, 1: EXIT_FINDINGS, 2: EXIT_BLOCKING}
               help="kube-scheduler's version, for managed control planes that hide its pods (e.g. v1.35.2).")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               envvar="CSINODE_GUARD_POLICY", show_envvar=True,
-              help="The guard's policy, for minVersion and versionSource (default: the bundled default policy).")
+              help="A policy file for minVersion and versionSource (default: the GuardPolicy the guard serves, see "
+              "--guard-policy).")
 @click.option("--name", "configuration_name", default=CONFIGURATION_NAME, show_default=True,
               help="metadata.name of the guard's webhook configurations (as given to register --name).")
 @click.option("--namespace", "deployment_namespace", metavar="NAMESPACE",
@@ -47,9 +50,10 @@ EXIT_BY_SEVERITY = {0: EXIT_OK, 1: EXIT_FINDINGS, 2: EXIT_BLOCKING}
 @output_option(["table", "wide", "json", "yaml"],
                help="table: wrapped to the terminal's width ($COLUMNS); wide: one line per check; json or yaml: "
                "everything, whole.")
+@guard_policy_option
 @cluster_options
 def preflight(
-    *, scheduler_version: str | None, policy_path: Path | None, configuration_name: str,
+    *, scheduler_version: str | None, policy_path: Path | None, guard_policy: str, configuration_name: str,
     deployment_namespace: str | None, deployment_name: str | None, output: str,
     kubeconfig: str | None, context: str | None,
 ) -> None:
@@ -70,11 +74,12 @@ def preflight(
     """
     from webhook.kube.preflight_gather import gather_facts  # noqa: PLC0415
 
-    try:
-        policy = load_policy(policy_path)
-    except PolicyError as exc:
-        raise click.ClickException(str(exc)) from None
     client = connect(kubeconfig, context, failure=CannotRunError, echo_warnings=False)
+    try:
+        served = served_policy_for(policy_path, guard_policy, client=client)
+    except GuardPolicyUnreadableError as exc:
+        raise CannotRunError(exc.message) from None
+    policy = served.policy
     try:
         with client:
             facts = gather_facts(client, policy, now=datetime.now(UTC), scheduler_version=scheduler_version,
@@ -87,8 +92,10 @@ def preflight(
     checks = run_checks(facts, policy)
     code = EXIT_BY_SEVERITY[exit_code(checks)]
     if output in ("json", "yaml"):
-        echo_document({"checks": [c.to_json() for c in checks], "exitCode": code}, output)
+        echo_document({"checks": [c.to_json() for c in checks], "exitCode": code, "policy": served.to_json()},
+                      output)
     else:
         width = None if output == "wide" else shutil.get_terminal_size((TABLE_WIDTH, 24)).columns
         click.echo(format_checks(checks, width), nl=False)
+        click.echo(f"Judged with {served.describe()}", err=True)  # standard output is the table alone
     raise SystemExit(code)

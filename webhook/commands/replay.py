@@ -13,16 +13,19 @@ import yaml
 
 from webhook.admission.durations import parse_duration
 from webhook.admission.facts import FactsError, view_from_facts
-from webhook.admission.policy import PolicyError, load_policy
 from webhook.admission.safe_yaml import load_yaml
 from webhook.commands.options import (
     EXIT_USAGE,
+    cluster_options,
     deprecated_alias,
     echo_document,
+    guard_policy_option,
     output_option,
+    served_policy_for,
     take_deprecated,
 )
 from webhook.simulation.replay import replay
+from webhook.simulation.replay_facts import missing_facts, not_an_apiserver_audit_log
 from webhook.simulation.replay_input import Progress, describe_input
 from webhook.simulation.replay_results import FACT_RESOURCES, MAX_PROBLEMS_KEPT, Problem, Row, Summary
 
@@ -145,7 +148,8 @@ def _table_summary(s: Summary) -> list[str]:
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="apiserver audit log (JSON lines of audit.k8s.io/v1 Event; .gz too). Repeat for rotated files.")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Policy YAML (default: the bundled policy).")
+              help="A policy file (default: the GuardPolicy the guard serves, read from the cluster when one is "
+              "configured, see --guard-policy; else the bundled policy).")
 @output_option(["table", "json", "yaml"], help="table: one row per count change and a summary; json or yaml: "
                "every row and the summary, whole (json is streamed as it is judged).")
 @deprecated_alias("--format", "-o/--output", dest="output", type=click.Choice(["table", "json"]))
@@ -158,8 +162,11 @@ def _table_summary(s: Summary) -> list[str]:
               help="Also write the guard audit records the server would have written (for `audit` commands).")
 @click.option("--progress/--no-progress", default=None,
               help="Progress bar on standard error (default: when it is a terminal).")
+@guard_policy_option
+@cluster_options
 def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, output: str, cluster_facts: Path | None,
-                   reorder_window: str, guard_audit_out: Path | None, progress: bool | None, **kwargs: Any) -> None:
+                   reorder_window: str, guard_audit_out: Path | None, progress: bool | None, guard_policy: str,
+                   kubeconfig: str | None, context: str | None, **kwargs: Any) -> None:
     """Replay the CSINode writes of an apiserver audit log through a policy, and report what it would have done.
 
     One row per count change (time, node, driver, old -> new, final, decision, rules, writer), then a summary
@@ -183,10 +190,8 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, outpu
         window = parse_duration(reorder_window)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--reorder-window") from None
-    try:
-        loaded = load_policy(policy_path)
-    except PolicyError as exc:
-        raise click.ClickException(f"policy refused: {exc}") from None
+    served = served_policy_for(policy_path, guard_policy, kubeconfig=kubeconfig, context=context)
+    loaded = served.policy
     facts = None
     if cluster_facts is not None:
         try:
@@ -253,7 +258,8 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, outpu
             sink_file.close()
     if fmt in ("json", "yaml"):
         body = summary.to_json()
-        body["policy"] = {"source": loaded.source, "hash": loaded.hash}
+        body["policy"] = served.to_json()
+        body["missingFacts"] = [] if facts is not None else missing_facts(summary)
         if fmt == "json":
             emit("],\"summary\":" + json.dumps(body, indent=None, separators=(",", ":")) + "}")
         else:
@@ -261,6 +267,7 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, outpu
     else:
         for line in _table_summary(summary):
             emit(line)
+        emit(f"Judged with {served.describe()}")
     if reported > PROBLEMS_SHOWN:
         click.echo(f"replay: and {reported - PROBLEMS_SHOWN} more bad line(s) (-o json lists the first "
                    f"{MAX_PROBLEMS_KEPT})", err=True)
@@ -268,3 +275,10 @@ def replay_command(audit_logs: tuple[Path, ...], policy_path: Path | None, outpu
         click.echo(f"replay: nothing could be judged, and {summary.bad_lines} line(s) were not audit events: "
                    "is this a kube-apiserver audit log (JSON lines of audit.k8s.io/v1 Event)?", err=True)
         sys.exit(EXIT_USAGE)
+    not_audit_log = not_an_apiserver_audit_log(summary)
+    if not_audit_log is not None:
+        click.echo(f"replay: {not_audit_log}", err=True)
+        sys.exit(EXIT_USAGE)
+    if facts is None:
+        for warning in missing_facts(summary):
+            click.echo(f"replay: warning: {warning}", err=True)

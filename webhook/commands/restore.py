@@ -26,6 +26,7 @@ import click
 
 from webhook.admission.durations import format_duration, parse_duration
 from webhook.admission.justification import JUSTIFICATION_ANNOTATION
+from webhook.admission.policy import Policy
 from webhook.admission.restore_plan import (
     JustificationRequest,
     RestoreError,
@@ -35,8 +36,17 @@ from webhook.admission.restore_plan import (
     plan_restore,
 )
 from webhook.admission.state import STATE_ANNOTATION, StateKeys
-from webhook.commands.options import api_failure, cluster_options, connect, dry_run_option
+from webhook.commands.options import (
+    GuardPolicyUnreadableError,
+    api_failure,
+    cluster_options,
+    connect,
+    dry_run_option,
+    guard_policy_option,
+    served_policy_for,
+)
 from webhook.kube import kubeapi
+from webhook.kube.guardpolicy import ServedPolicy
 
 FIELD_MANAGER = "csinode-guard-restore"
 ATTEMPTS = 5
@@ -107,6 +117,10 @@ def _load_keys(path: Path) -> tuple[StateKeys, str]:
 )
 @dry_run_option(bare="server", what="client: print the change, send no write; server: print it and send it as "
                 "a server-side dry run (dryRun=All: the guard judges it, nothing is stored).")
+@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="A policy file whose ceiling to check the restored count against (default: the GuardPolicy "
+              "the guard serves, see --guard-policy).")
+@guard_policy_option
 @cluster_options
 def restore(
     *,
@@ -118,6 +132,8 @@ def restore(
     state_key_file: Path | None,
     no_verify: bool,
     dry_run: str,
+    policy_path: Path | None,
+    guard_policy: str,
     kubeconfig: str | None,
     context: str | None,
 ) -> None:
@@ -160,11 +176,35 @@ def restore(
     now = datetime.now(UTC)
     request = JustificationRequest(reason.strip(), ticket, now + timedelta(seconds=lifetime))
     with connect(kubeconfig, context) as client:
+        try:
+            served: ServedPolicy | None = served_policy_for(policy_path, guard_policy, client=client)
+        except GuardPolicyUnreadableError as exc:  # advisory only: the guard judges the update either way
+            click.echo(f"WARNING: {exc.message}; the restored count is not checked against the policy's ceiling",
+                       err=True)
+            served = None
+        ceiling = None
+        if served is not None:
+            click.echo(f"Judged with {served.describe()}")
+            ceiling = _ceiling(client, served.policy, node, driver)
         plan, stored = _update(client, node, driver, keys, key_source, request, now, dry_run)
+        if served is not None and ceiling is not None and plan.target > ceiling[0]:
+            click.echo(f"WARNING: {served.policy.name}'s ceiling for {driver} on {node} is {ceiling[0]} "
+                       f"({ceiling[1]}): the guard clamps the restored count to it", err=True)
     if stored is None:
         click.echo("client dry run: nothing was sent; --dry-run=server has the API server and the guard judge it")
         return
     _report(plan, stored, dry_run == "server", lifetime)
+
+
+def _ceiling(client: kubeapi.KubeClient, policy: Policy, node: str, driver: str) -> tuple[int, str] | None:
+    """The ceiling (count, why) the policy puts on ``driver`` on ``node`` (its Node's labels), None when none
+    does or the Node cannot be read."""
+    try:
+        labels = (client.get(kubeapi.NODES, node).get("metadata") or {}).get("labels") or {}
+    except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError):
+        labels = None
+    found, why = policy.for_driver(driver).ceiling.resolve(labels)
+    return (found, why) if found is not None else None
 
 
 def _update(

@@ -36,7 +36,11 @@ def _env(name: str) -> str:
 @click.option("--client-ca", type=click.Path(path_type=Path), envvar=_env("CLIENT_CA"),
               help="Require client certificates signed by this CA (the apiserver's webhook client cert).")
 @click.option("--policy", type=click.Path(path_type=Path), envvar=_env("POLICY"),
-              help="Policy YAML (default: the bundled policies/default.yaml). Reloaded when it changes.")
+              help="Policy YAML file, reloaded when it changes (default: the cluster's GuardPolicy, see "
+              "--guard-policy; offline or with no cluster configured, the bundled policies/default.yaml).")
+@click.option("--guard-policy", default="default", show_default=True, envvar=_env("GUARD_POLICY"), metavar="NAME",
+              help="Without --policy: serve this GuardPolicy (csinode-guard.io, cluster-scoped) from the cluster, "
+              "followed by a watch; the bundled default while none exists (docs/guardpolicy.md).")
 @click.option("--policy-reload-interval", default=5.0, show_default=True, type=click.FloatRange(0),
               envvar=_env("POLICY_RELOAD_INTERVAL"), help="Seconds between policy file checks (0 disables).")
 @click.option("--audit-log", default="-", show_default=True, envvar=_env("AUDIT_LOG"),
@@ -117,6 +121,7 @@ def serve(**kwargs: Any) -> None:
         generate_certs=kwargs["generate_certs"],
         client_ca=kwargs["client_ca"],
         policy=kwargs["policy"],
+        guard_policy=kwargs["guard_policy"],
         policy_reload_interval=kwargs["policy_reload_interval"],
         audit_log=kwargs["audit_log"],
         state_key_file=kwargs["state_key_file"],

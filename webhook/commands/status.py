@@ -13,15 +13,17 @@ import click
 
 from webhook.admission.capacity import build_report, format_table, report_json
 from webhook.admission.durations import parse_duration
-from webhook.admission.policy import PolicyError, load_policy
 from webhook.admission.state import StateKeys
 from webhook.commands.options import (
+    GuardPolicyUnreadableError,
     NoClusterError,
     api_failure,
     cluster_options,
     connect,
     echo_document,
+    guard_policy_option,
     output_option,
+    served_policy_for,
 )
 from webhook.commands.status_audit import (
     findings_json,
@@ -46,13 +48,14 @@ CannotReadError = NoClusterError
                help="table, wide (adds ceiling reason, writer version, attach errors, pending pods), json or yaml.")
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               envvar="CSINODE_GUARD_POLICY", show_envvar=True,
-              help="The guard's policy, for the ceilings (default: the bundled default policy).")
+              help="A policy file to judge with (default: the GuardPolicy the guard serves, see --guard-policy).")
 @click.option("--state-key-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               envvar="CSINODE_GUARD_STATE_KEY_FILE", show_envvar=True,
               help="The guard's state HMAC key(s), to verify its signed state; without it the state is shown "
               "as 'unverified'.")
 @click.option("--errors-within", default="1h", show_default=True, metavar="DURATION",
               help="Attach errors this recent are shown.")
+@guard_policy_option
 @cluster_options
 def status(
     *,
@@ -61,6 +64,7 @@ def status(
     selector: str | None,
     output: str,
     policy_path: Path | None,
+    guard_policy: str,
     state_key_file: Path | None,
     errors_within: str,
     kubeconfig: str | None,
@@ -77,16 +81,17 @@ def status(
     standing violations: which node and entry the audit (admission's judgement) no longer allows, why, and since
     when (the audit's Event).
     """
-    try:
-        policy = load_policy(policy_path)
-    except PolicyError as exc:
-        raise click.ClickException(str(exc)) from None
     keys = _keys(state_key_file) if state_key_file is not None else None
     try:
         window = timedelta(seconds=parse_duration(errors_within))
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--errors-within") from None
     client = connect(kubeconfig, context)
+    try:
+        served = served_policy_for(policy_path, guard_policy, client=client)
+    except GuardPolicyUnreadableError as exc:
+        raise CannotReadError(exc.message) from None
+    policy = served.policy
     try:
         with client:
             node_objects, csinodes, attachments, pending = read_cluster(client, selector)
@@ -107,10 +112,12 @@ def status(
     if drivers:
         standing = [f for f in standing if f.driver in drivers]
     if output in ("json", "yaml"):
-        document = {**report_json(report), "standingViolations": findings_json(standing, since)}
+        document = {**report_json(report), "standingViolations": findings_json(standing, since),
+                    "policy": served.to_json()}
         echo_document(document, output)
     else:
         sys.stdout.write(format_table(report, now, wide=output == "wide") + format_findings(standing, since))
+        sys.stdout.write(f"Judged with {served.describe()}\n")
 
 
 def read_cluster(client: kubeapi.KubeClient, selector: str | None) -> tuple[list[kubeapi.JSON], ...]:

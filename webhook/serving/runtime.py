@@ -41,6 +41,17 @@ def run(settings: Settings) -> int:
 
     policy_metrics = PolicyCollector()
     try:
+        settings, cluster_policy_mirror = _cluster_policy_mirror(settings)
+    except ClusterConfigError as exc:
+        log.error("cannot start: %s", exc)
+        return 2
+    except PolicyError as exc:
+        log.error("GuardPolicy refused, not starting: %s", exc)
+        return 2
+    except Exception as exc:  # the apiserver unreachable or refusing: nothing to judge with yet
+        log.error("cannot read GuardPolicy %s: %s", settings.guard_policy, exc)
+        return 2
+    try:
         # The master's own store: it checks the policy before any worker starts, and from when_ready on it
         # watches the file for the policy metrics (once per replica; webhook.serving.policy_metrics).
         master_store = PolicyStore(settings.policy, interval=settings.policy_reload_interval,
@@ -96,6 +107,8 @@ def run(settings: Settings) -> int:
     def when_ready(_server: Any) -> None:
         policy_metrics.store = master_store
         master_store.start()
+        if cluster_policy_mirror is not None:
+            _start_cluster_policy(settings, cluster_policy_mirror, master_store)
         if cluster_certs is not None:
             cluster_certs.start()
         start_metrics_server(settings.metrics_port, cert_file, [policy_metrics])
@@ -124,6 +137,55 @@ def choose_cluster(settings: Settings) -> Settings:
     log.warning("no cluster: serve contacts one only with --kubeconfig or inside a pod%s; running offline, "
                 "every cluster fact unknown", named)
     return dataclasses.replace(settings, offline=True)
+
+
+def _cluster_policy_mirror(settings: Settings) -> tuple[Settings, Any]:
+    """Without ``--policy``, and with a cluster: GuardPolicy ``settings.guard_policy`` read into a mirror file
+    (:mod:`webhook.serving.cluster_policy`), and ``settings`` with ``policy`` pointing at it; else ``settings``
+    unchanged and None (the bundled default, or the file given). Raises ``PolicyError`` for a GuardPolicy the
+    guard refuses and the API's errors when it cannot be read."""
+    if settings.policy is not None or settings.offline:
+        return settings, None
+    import dataclasses  # noqa: PLC0415
+
+    from webhook.kube.guardpolicy import serving_api_client  # noqa: PLC0415
+    from webhook.kube.kubeapi import KubeClient, check_configuration  # noqa: PLC0415
+    from webhook.serving.cluster_policy import initial_mirror  # noqa: PLC0415
+
+    check_configuration(settings.kubeconfig)  # ClusterConfigError: a kubeconfig that cannot be loaded
+    api_client = serving_api_client(settings.kubeconfig)
+    if api_client is None:
+        log.info("no cluster configured: serving the bundled default policy")
+        return settings, None
+    mirror = initial_mirror(KubeClient(api_client), settings.guard_policy)
+    atexit.register(_remove_tree, mirror.path.parent, os.getpid())
+    return dataclasses.replace(settings, policy=mirror.path), (mirror, api_client)
+
+
+def _remove_tree(path: Any, creator: int) -> None:
+    import shutil  # noqa: PLC0415
+
+    if os.getpid() == creator:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _start_cluster_policy(settings: Settings, state: Any, master_store: Any) -> None:
+    """In the master: follow the GuardPolicy into the mirror, report, write its status as the leader."""
+    from webhook.kube.kubeapi import KubeClient  # noqa: PLC0415
+    from webhook.kube.watch.settings import CacheSettings  # noqa: PLC0415
+    from webhook.serving.cluster_policy import ClusterPolicy  # noqa: PLC0415
+
+    mirror, api_client = state
+    follower = ClusterPolicy(
+        KubeClient(api_client), api_client, settings.guard_policy, mirror,
+        served_hash=lambda: str(master_store.current().policy.hash),
+        namespace=settings.audit.lease_namespace,
+        status_lease=f"{settings.audit.lease_name}-policy-status",
+        interval=settings.policy_reload_interval or 5.0,
+        cache_settings=CacheSettings(max_staleness=settings.max_staleness),
+    )
+    follower.start()
+    atexit.register(follower.stop)
 
 
 def _cluster_certificates(settings: Settings) -> Any:

@@ -31,6 +31,9 @@ class Settings:
     """When set, require TLS client certificates signed by this CA (the apiserver's webhook client cert)."""
     policy: Path | None = None
     """Policy YAML; None = the bundled default."""
+    guard_policy: str = "default"
+    """Without ``policy``: the GuardPolicy (cluster-scoped custom resource) served from the cluster
+    (:mod:`webhook.serving.cluster_policy`); with no cluster (offline, nothing configured) the bundled default."""
     policy_reload_interval: float = 5.0
     """How often the policy file is checked for changes (hot reload), in seconds; 0 disables."""
     audit_log: str = "-"

@@ -247,14 +247,15 @@ class Replayer:
         if now is None:
             self.summary.unreadable += 1
             return
+        if resource in FACT_RESOURCES and (resource != "nodes" or not ref.get("apiGroup")):
+            self.summary.cluster_facts[resource] += 1
+            if event.get("level") in ("Request", "RequestResponse"):
+                self.summary.fact_objects[resource] += 1
         if resource == "nodes" and not ref.get("apiGroup"):
-            self.summary.cluster_facts["nodes"] += 1
             self._node_facts(event)
         elif resource == "csidrivers":
-            self.summary.cluster_facts["csidrivers"] += 1
             self._csidriver_facts(event)
         elif resource == "volumeattachments":
-            self.summary.cluster_facts["volumeattachments"] += 1
             self._attach_facts(event, now)
         elif resource == "csinodes" and not ref.get("subresource"):
             self._csinode(event, now)

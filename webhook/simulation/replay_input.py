@@ -163,6 +163,8 @@ def scan_lines(path: Path, index: int, summary: Summary, progress: Progress,
                 continue
             audit_id, stage = _found(_AUDIT_ID, stripped), _found(_STAGE, stripped)
             received = _found(_RECEIVED, stripped)
+            if audit_id:
+                summary.audit_ids += 1
             key = hash((audit_id, stage)) if audit_id else None
             yield ScannedLine(received.decode("ascii", "replace") if received else "", index, lineno, key, source)
             continue
@@ -175,6 +177,8 @@ def scan_lines(path: Path, index: int, summary: Summary, progress: Progress,
             summary.not_audit_events += 1
             continue
         audit_id = event.get("auditID")
+        if audit_id:
+            summary.audit_ids += 1
         key = hash((str(audit_id).encode(), str(event.get("stage")).encode())) if audit_id else None
         received = event.get("requestReceivedTimestamp")
         yield ScannedLine(received if isinstance(received, str) else "", index, lineno, key, source, event)

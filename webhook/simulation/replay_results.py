@@ -95,6 +95,10 @@ class Summary:
     late: int = 0
     duplicates: int = 0
     cluster_facts: Counter[str] = field(default_factory=Counter)
+    fact_objects: Counter[str] = field(default_factory=Counter)
+    """Per fact resource, the events that carry an object (``Request``/``RequestResponse`` level)."""
+    audit_ids: int = 0
+    """Lines with an ``auditID``: 0 in a file that is no kube-apiserver audit log (the guard's own, say)."""
     first_event: str | None = None
     last_event: str | None = None
     by_decision: Counter[str] = field(default_factory=Counter)

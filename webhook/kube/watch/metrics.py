@@ -5,7 +5,8 @@ The webhook runs under gunicorn with several worker processes in prometheus mult
 combine: ``livemin`` for "synced" (the worst live worker), ``livemax`` for the others (the worst live worker);
 counters and histograms add up. No metric has a per-node label: nodes come and go and would explode cardinality.
 
-``kind`` is one of ``nodes``, ``csidrivers``, ``volumeattachments``, ``pods``.
+``kind`` is one of ``nodes``, ``csidrivers``, ``volumeattachments``, ``pods``, and ``guardpolicies`` (the
+gunicorn master's watch of the GuardPolicy it serves: webhook/serving/cluster_policy.py).
 """
 
 from __future__ import annotations
