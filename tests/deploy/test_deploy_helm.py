@@ -2,19 +2,17 @@
 object and field by field, for the default values and for each overlay the values select; ``helm lint --strict``;
 what each value changes.
 
-The comparison accounts for exactly three differences, each on purpose:
-- the labels Helm's conventions add to every object (``helm.sh/chart``, ``app.kubernetes.io/managed-by``);
-- the policy ConfigMap's name: kustomize appends a content hash (``csinode-guard-policy-<hash>``) so that a policy
-  change rolls the Deployment; the chart keeps the plain name and rolls it with the pod template's
-  ``checksum/policy`` annotation instead (checked here to be the sha256 of the policy the ConfigMap carries);
-- nothing else. A new file in deploy/base needs its template in charts/csinode-guard/templates (same name).
+The chart is compared with ``deploy/`` plus ``deploy/policy`` (the GuardPolicy, a step of its own with kubectl;
+helm installs the chart's ``crds/`` first, so the chart ships the GuardPolicy too), rendered with
+``--include-crds``. The comparison accounts for exactly one difference, on purpose: the labels Helm's
+conventions add to every object (``helm.sh/chart``, ``app.kubernetes.io/managed-by``). A new file in deploy/base
+needs its template in charts/csinode-guard/templates (same name), or in charts/csinode-guard/crds for a CRD.
 
 A failure names the object (kind, namespace/name) and the field path where the two differ.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -29,20 +27,22 @@ from deploy_helpers import DEPLOY, REPO, Objects, kustomize
 from tests.helm import CHART, REQUIRE_ENV, HelmUnavailable, helm_binary, run_helm, template
 
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
+UNLABELLED = ("CustomResourceDefinition", "GuardPolicy")
 POLICY_CONFIGMAP = re.compile(r"^csinode-guard-policy-[a-z0-9]{10}$")
 COPIES = {
     "files/policy.yaml": "policies/default.yaml",
+    "crds/guardpolicy-crd.yaml": "deploy/base/guardpolicy-crd.yaml",
     "files/prometheusrule.yaml": "deploy/overlays/monitoring/prometheusrule.yaml",
     "files/dashboards/csinode-guard.json": "deploy/overlays/monitoring/dashboards/csinode-guard.json",
 }
 CASES = {
     # values -> the kustomizations whose objects together are the same installation
-    "defaults": ((), (".",)),
-    "monitoring": (("--set", "monitoring.enabled=true"), (".", "overlays/monitoring")),
-    "cert-manager": (("--set", "certManager.enabled=true"), ("overlays/cert-manager",)),
+    "defaults": ((), (".", "policy")),
+    "monitoring": (("--set", "monitoring.enabled=true"), (".", "overlays/monitoring", "policy")),
+    "cert-manager": (("--set", "certManager.enabled=true"), ("overlays/cert-manager", "policy")),
     "cert-manager and monitoring": (
         ("--set", "certManager.enabled=true,monitoring.enabled=true"),
-        ("overlays/cert-manager", "overlays/monitoring"),
+        ("overlays/cert-manager", "overlays/monitoring", "policy"),
     ),
 }
 
@@ -94,23 +94,21 @@ def normalise_kustomize(objects: Objects) -> dict[Key, Any]:
 
 
 def normalise_helm(objects: Objects) -> dict[Key, Any]:
-    """helm's objects by key, with Helm's two convention labels checked and removed, and the Deployment's
-    ``checksum/policy`` checked against the ConfigMap's policy and removed."""
+    """helm's objects by key, with Helm's two convention labels checked and removed. Two kinds carry none, as
+    written: the CRD (helm installs ``crds/`` as they are, untemplated) and the GuardPolicy (the policy document
+    itself, as ``deploy/policy`` ships it)."""
     result: dict[Key, Any] = {}
     for obj in objects:
         labels = obj["metadata"].get("labels", {})
-        assert labels.get("helm.sh/chart") == "csinode-guard-0.1.0", describe(key(obj))
-        assert labels.get("app.kubernetes.io/managed-by") == "Helm", describe(key(obj))
-        for label in HELM_LABELS:
-            del labels[label]
+        if obj["kind"] in UNLABELLED:
+            assert not set(HELM_LABELS) & set(labels), describe(key(obj))
+        else:
+            assert labels.get("helm.sh/chart") == "csinode-guard-0.1.0", describe(key(obj))
+            assert labels.get("app.kubernetes.io/managed-by") == "Helm", describe(key(obj))
+            for label in HELM_LABELS:
+                del labels[label]
         assert key(obj) not in result, f"helm rendered {describe(key(obj))} twice"
         result[key(obj)] = obj
-    deployment = next(o for o in result.values() if o["kind"] == "Deployment")
-    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    policy = next(o for o in result.values() if o["kind"] == "ConfigMap"
-                  and o["metadata"]["name"] == "csinode-guard-policy")["data"]["policy.yaml"]
-    checksum = annotations.pop("checksum/policy")
-    assert checksum == hashlib.sha256(policy.encode()).hexdigest(), "checksum/policy is not the policy's"
     return result
 
 
@@ -153,15 +151,15 @@ def test_helm_template_renders_the_objects_of_kubectl_kustomize(
 ) -> None:
     values, kustomizations = CASES[case]
     kustomized: Objects = [o for k in kustomizations for o in kustomize(kubectl, deploy_dir / k)]
-    problems = compare(normalise_kustomize(kustomized), normalise_helm(template(helm, *values)))
+    problems = compare(normalise_kustomize(kustomized), normalise_helm(template(helm, "--include-crds", *values)))
     what = f"helm template {' '.join(values)} differs from kubectl kustomize {' + '.join(kustomizations)}"
     assert not problems, f"{what}:\n" + "\n".join(problems)
 
 
 def test_the_comparison_names_the_object_and_field_that_differ(helm: str, kubectl: str, deploy_dir: Path) -> None:
     """The check can fail, and says where: one value changed on the helm side is reported at its path."""
-    kustomized = normalise_kustomize(kustomize(kubectl, deploy_dir))
-    helmed = normalise_helm(template(helm, "--set", "replicas=3"))
+    kustomized = normalise_kustomize([*kustomize(kubectl, deploy_dir), *kustomize(kubectl, deploy_dir / "policy")])
+    helmed = normalise_helm(template(helm, "--include-crds", "--set", "replicas=3"))
     assert compare(kustomized, helmed) == ["Deployment csinode-guard/csinode-guard: spec.replicas: kustomize 2, helm 3"]
     del helmed[("Service", "csinode-guard", "csinode-guard")]
     assert "Service csinode-guard/csinode-guard: rendered by kustomize only" in compare(kustomized, helmed)[0]
@@ -171,8 +169,10 @@ def test_every_deploy_base_file_has_its_template() -> None:
     """One template per deploy/base file, so that a change there has an obvious place to be mirrored."""
     base = yaml.safe_load((DEPLOY / "base" / "kustomization.yaml").read_text("utf-8"))
     files = [*base["resources"], *(f for g in base.get("configMapGenerator", []) for f in g["files"])]
-    missing = [f for f in files if not (CHART / "templates" / Path(f).name).is_file()]
-    assert not missing, f"deploy/base files without charts/csinode-guard/templates/<same name>: {missing}"
+    missing = [f for f in files if not (CHART / "templates" / Path(f).name).is_file()
+               and not (CHART / "crds" / Path(f).name).is_file()]
+    where = "charts/csinode-guard/templates/<same name> (crds/ for a CRD)"
+    assert not missing, f"deploy/base files without {where}: {missing}"
 
 
 @pytest.mark.parametrize(("copy", "original"), sorted(COPIES.items()))
@@ -204,9 +204,8 @@ def test_values_set_replicas_resources_and_the_image(helm: str) -> None:
                                       "limits": {"cpu": 2, "memory": "512Mi"}}
 
 
-def _policy(objects: dict[Key, Any], namespace: str = "csinode-guard") -> dict[str, Any]:
-    policy: dict[str, Any] = yaml.safe_load(
-        objects[("ConfigMap", namespace, "csinode-guard-policy")]["data"]["policy.yaml"])
+def _policy(objects: dict[Key, Any], name: str = "default") -> dict[str, Any]:
+    policy: dict[str, Any] = objects[("GuardPolicy", "", name)]
     return policy
 
 
@@ -218,7 +217,7 @@ def test_reconcile_sets_the_policys_spec_reconcile_and_the_result_validates(helm
     default["spec"]["reconcile"] = "clamp"
     assert policy == default, "only spec.reconcile changed"
     path = tmp_path / "policy.yaml"
-    path.write_text(objects[("ConfigMap", "csinode-guard", "csinode-guard-policy")]["data"]["policy.yaml"])
+    path.write_text(yaml.safe_dump(policy))
     from tests.clirun import run_cli  # noqa: PLC0415 - the CLI as a subprocess
 
     result = run_cli("policy", "validate", str(path), cwd=tmp_path)
@@ -231,20 +230,22 @@ def test_a_reconcile_value_outside_the_schema_is_refused(helm: str) -> None:
     assert "reconcile" in result.stderr, result.stderr
 
 
-def test_a_policy_file_replaces_the_default_and_rolls_the_deployment(helm: str, tmp_path: Path) -> None:
+def test_a_policy_file_replaces_the_default_and_the_guard_serves_it(helm: str, tmp_path: Path) -> None:
     own = tmp_path / "policy.yaml"
     text = (REPO / "policies" / "default.yaml").read_text("utf-8").replace("name: default", "name: site-policy", 1)
     own.write_text(text)
+
+    def args(objs: dict[Key, Any]) -> list[str]:
+        deployment = objs[("Deployment", "csinode-guard", "csinode-guard")]
+        return list(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
     default = _objects(template(helm))
     objects = _objects(template(helm, "--set-file", f"policy={own}"))
-    assert _policy(objects)["metadata"]["name"] == "site-policy"
-    annotation = "checksum/policy"
-
-    def checksum(objs: dict[Key, Any]) -> str:
-        return str(objs[("Deployment", "csinode-guard", "csinode-guard")]["spec"]["template"]["metadata"]
-                   ["annotations"][annotation])
-
-    assert checksum(objects) != checksum(default)
+    assert _policy(objects, "site-policy")["spec"] == _policy(default)["spec"]
+    assert ("GuardPolicy", "", "default") not in objects
+    assert "--guard-policy" not in args(default), "the guard's default is the GuardPolicy named default"
+    flag = args(objects).index("--guard-policy")
+    assert args(objects)[flag + 1] == "site-policy"
 
 
 def test_another_namespace_moves_every_namespaced_object_and_the_guards_own_writer(helm: str) -> None:
@@ -253,7 +254,7 @@ def test_another_namespace_moves_every_namespaced_object_and_the_guards_own_writ
     assert namespaces == {None, "guard-system", "kube-system", "default"}, namespaces
     assert [o["metadata"]["name"] for o in objects if o["kind"] == "Namespace"] == ["guard-system"]
     by_key = _objects(objects)
-    assert _policy(by_key, "guard-system")["spec"]["writers"]["serviceAccounts"] == ["guard-system/csinode-guard"]
+    assert _policy(by_key)["spec"]["writers"]["serviceAccounts"] == ["guard-system/csinode-guard"]
     args = by_key[("Deployment", "guard-system", "csinode-guard")]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "csinode-guard.guard-system.svc" in args
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):

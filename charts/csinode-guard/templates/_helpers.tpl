@@ -22,7 +22,7 @@ csinode-guard.{{ include "csinode-guard.namespace" . }}.svc
 {{- end }}
 
 {{/*
-The policy file the ConfigMap carries: .Values.policy, or the bundled default (files/policy.yaml, a copy of
+The GuardPolicy document the chart ships: .Values.policy, or the bundled default (files/policy.yaml, a copy of
 policies/default.yaml); spec.reconcile replaced by .Values.reconcile when set; the guard's own ServiceAccount
 among the writers follows the release namespace.
 */}}
