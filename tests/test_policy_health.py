@@ -210,6 +210,7 @@ import json
 import os
 from prometheus_client import REGISTRY
 import webhook.serving.metrics, webhook.kube.watch.metrics, webhook.serving.audit_metrics
+import webhook.serving.registration_metrics
 from webhook.serving.policy_metrics import PolicyCollector
 from webhook.serving.live_policy import PolicyStore
 collector = PolicyCollector()

@@ -343,8 +343,9 @@ def test_the_deprecated_bare_dry_run_of_unregister_is_a_server_dry_run_and_warns
     assert result.returncode == 0, result.stderr
     assert "--dry-run without a value is deprecated and will be removed in 0.3.0: use --dry-run=server" in (
         result.stderr)
-    assert writes(apiserver) == [("DELETE", MUTATING, "All"), ("DELETE", VALIDATING, "All")]
-    assert len(stored(apiserver)) == 2
+    assert writes(apiserver) == [("DELETE", MUTATING, "All"), ("DELETE", VALIDATING, "All"),
+                                 ("DELETE", MUTATING, "All")]  # the third: the Node entry's configuration
+    assert len(stored(apiserver)) == 3
 
 
 def test_unregister_client_dry_run_sends_no_write_and_says_what_it_does_on_stderr(
@@ -358,7 +359,7 @@ def test_unregister_client_dry_run_sends_no_write_and_says_what_it_does_on_stder
     assert result.returncode == 0, result.stderr
     assert "would be deleted (client dry run)" in result.stdout
     assert f"deleting {MUTATING}/" in result.stderr, "progress on standard error"
-    assert writes(apiserver) == [] and len(stored(apiserver)) == 2
+    assert writes(apiserver) == [] and len(stored(apiserver)) == 3
 
 
 def test_register_server_dry_run_is_checked_by_the_apiserver_and_stores_nothing(
@@ -368,8 +369,9 @@ def test_register_server_dry_run_is_checked_by_the_apiserver_and_stores_nothing(
 
     assert result.returncode == 0, result.stderr
     assert "created (server dry run)" in result.stdout
-    assert [w[2] for w in writes(apiserver)] == ["All", "All"]
+    assert [w[2] for w in writes(apiserver)] == ["All", "All", "All"]
     assert apiserver.get(MUTATING, NAME) is None and apiserver.get(VALIDATING, NAME) is None
+    assert apiserver.get(MUTATING, NODES) is None
 
 
 def test_unregister_deletes_the_other_configuration_when_one_deletion_is_refused(

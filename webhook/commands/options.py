@@ -228,8 +228,10 @@ def served_policy_for(
     if policy_path is None and client is None:
         try:
             client = connect(kubeconfig, context, echo_warnings=False)
-        except click.UsageError:  # no cluster configured: judge offline with the bundled default
-            client = None
+        except NoClusterError as exc:
+            if exc.message.startswith("cannot load"):  # a configuration that is there but broken: say so
+                raise
+            client = None  # no cluster configured: judge offline with the bundled default
     try:
         return served_policy(policy_path, client, name)
     except PolicyError as exc:
