@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from webhook.admission.csinode import CountChange, format_count
 from webhook.admission.decision import Decision
 from webhook.admission.evaluation.effective import Finding
-from webhook.admission.evaluation.wording import MAX_MESSAGE_LINES, finding_line
+from webhook.admission.evaluation.wording import MAX_MESSAGE_LINES, finding_line, warning_line
 from webhook.admission.policy import EnforcementAction
 
 
@@ -50,12 +50,14 @@ def by_rule_and_change(findings: Iterable[Finding]) -> list[list[Finding]]:
     return list(groups.values())
 
 
-def merged_line(node: str, group: Sequence[Finding], suffix: str = "") -> str:
-    """One ``[rule] node/driver: old -> new: why; proceed`` line for findings of one rule about one change."""
+def merged_line(node: str, group: Sequence[Finding], suffix: str = "", *, warning: bool = False) -> str:
+    """One ``[rule] node/driver: old -> new: why; proceed`` line for findings of one rule about one change; with
+    ``warning``, fitted to a warning's length with the advice whole (:func:`warning_line`)."""
     first = group[0]
     why = "; ".join(dict.fromkeys(f.violation.why for f in group))
     proceed = "; ".join(dict.fromkeys(f.violation.proceed for f in group))
-    return finding_line(node, first.change, first.violation._replace(why=why, proceed=proceed), suffix)
+    line = finding_line(node, first.change, first.violation._replace(why=why, proceed=proceed), suffix)
+    return warning_line(line, proceed) if warning else line
 
 
 def denial_lines(node: str, denied: Sequence[Finding], findings: Sequence[Finding],
@@ -81,7 +83,7 @@ def denial_lines(node: str, denied: Sequence[Finding], findings: Sequence[Findin
         final = finals.get(f.change.driver) if f.change is not None else None
         clamps = f.effective is EnforcementAction.CLAMP and f.change is not None and final != f.change.new
         suffix = f" (would be clamped to {format_count(final)})" if clamps else ""
-        warnings.append(merged_line(node, group, suffix))
+        warnings.append(merged_line(node, group, suffix, warning=True))
     return lines, warnings
 
 
@@ -98,10 +100,10 @@ def admitted_lines(node: str, changes: Sequence[CountChange], findings: Sequence
             several = len(clamping[f.change.driver]) > 1  # each line then says what its own rule allows
             suffix = (f" (this rule allows {format_count(f.violation.clamp_to)})" if several
                       else f" (clamped to {format_count(final)})")
-            warnings.append(finding_line(node, f.change, f.violation, suffix))
+            warnings.append(warning_line(finding_line(node, f.change, f.violation, suffix), f.violation.proceed))
         elif f.effective is EnforcementAction.WARN:
             if decision is Decision.ALLOW:
                 decision = Decision.WARN
-            warnings.append(finding_line(node, f.change, f.violation))
+            warnings.append(warning_line(finding_line(node, f.change, f.violation), f.violation.proceed))
     warnings.extend(clamp_results(node, changes, finals, clamping))
     return decision, warnings

@@ -12,6 +12,7 @@ from webhook.admission.csinode import CountChange, format_count
 from webhook.admission.decision import Note
 from webhook.admission.justification import JUSTIFICATION_ANNOTATION
 from webhook.admission.policy import STATE_INTEGRITY
+from webhook.admission.review import MAX_WARNING_LENGTH
 from webhook.admission.rules.base import RuleContext, Violation
 from webhook.admission.rules.change_rate import RULE_ID as CHANGE_RATE
 from webhook.admission.rules.change_rate import min_interval
@@ -37,6 +38,27 @@ def finding_line(node: str, change: CountChange | None, v: Violation, suffix: st
     else:
         where = f"{node}/{change.driver}: {format_count(change.old)} -> {format_count(change.new)}{suffix}"
     return f"[{v.rule}] {where}: {v.why}; {v.proceed}"
+
+
+ADVICE_WITHIN = 200
+"""A shortened warning's advice starts within this many characters (kubectl and client-go print warnings whole,
+but some front ends show only the start of a line)."""
+
+
+def warning_line(line: str, advice: str, limit: int = MAX_WARNING_LENGTH) -> str:
+    """``line`` (``...: why; advice``, one :func:`finding_line`) as an AdmissionResponse warning of at most ``limit``
+    characters that keeps ``advice`` whole: a line that fits is returned as it is; a longer one has the reason
+    before the advice shortened (``...``) so that the advice starts within :data:`ADVICE_WITHIN` characters. The
+    whole reason stays in the audit record and the denial message, which have no such limit. Only an advice
+    longer than the limit itself is cut, at its end (by :func:`webhook.admission.review.clean_warning`)."""
+    line = " ".join(line.split())
+    advice = " ".join(advice.split())
+    if len(line) <= limit or not line.endswith("; " + advice):
+        return line
+    head = line[: len(line) - len(advice) - 2]
+    # An advice of over 200 characters: keep the rule and the change (40), then as much advice as fits.
+    room = max(min(ADVICE_WITHIN, limit - len(advice)) - len("...; "), 40)
+    return f"{head[:room].rstrip()}...; {advice}"
 
 
 
