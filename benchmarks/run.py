@@ -1,8 +1,9 @@
 """Run the benchmarks and print the results as Markdown: ``python -m benchmarks.run [--quick]``.
 
-Sections (``--only core,served,spread,memory``, and ``audit`` on request): the pure core on realistic reviews;
-the served webhook over TLS next to the no-op endpoint at 1 and 8 connections (``--audit-log PATH``: where its
-audit records go); what building and writing the audit record costs per review (``audit``); how few
+Sections (``--only core,served,spread,memory``, and ``audit`` and ``size`` on request): the pure core on
+realistic reviews; the served webhook over TLS next to the no-op endpoint at 1 and 8 connections (``--audit-log
+PATH``: where its audit records go); what building and writing the audit record costs per review (``audit``);
+answer time and patch size against the drivers of one CSINode (``size``, :mod:`benchmarks.size_curve`); how few
 long-lived connections spread over the workers;
 RSS over many requests (``--memory-requests``, 1,000,000 by default, 50,000 with ``--quick``).
 ``--json FILE`` also writes every number. Targets (issue 5) are checked and printed; the exit code is 0
@@ -108,6 +109,16 @@ def section_audit(quick: bool, out: dict[str, Any]) -> None:
         print(f"| {r.step} | {r.p50_us:.1f} | {r.p99_us:.1f} | {r.cpu_p50_us:.1f} | {r.samples} |")
 
 
+def section_size(quick: bool, out: dict[str, Any]) -> None:
+    from benchmarks.size_curve import SIZES, markdown, run_curve  # noqa: PLC0415
+
+    rows = run_curve(SIZES[:5] if quick else SIZES, rounds=2 if quick else 3)
+    out["size"] = rows
+    print("\n## Size: answer time and patch size against the drivers of one CSINode (registration of N new "
+          "drivers; one count change among N)")
+    print(markdown(rows))
+
+
 def section_spread(quick: bool, out: dict[str, Any]) -> None:
     from benchmarks.served import spread  # noqa: PLC0415
 
@@ -164,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
             section_served(args.quick, out, args.audit_log)
         elif name == "audit":
             section_audit(args.quick, out)
+        elif name == "size":
+            section_size(args.quick, out)
         elif name == "spread":
             section_spread(args.quick, out)
         elif name == "memory":

@@ -240,6 +240,7 @@ entries = st.builds(
     frozen_until=st.one_of(st.none(), ms_times),
     correction=st.one_of(st.none(), corrections),
     pinned=st.one_of(st.none(), st.builds(PinnedLabel, label=names, value=st.text(max_size=12))),
+    removed_at=st.one_of(st.none(), ms_times),
 )
 approvals = st.builds(
     Approval,
@@ -264,6 +265,7 @@ states = st.builds(
     ),
     scope=st.one_of(st.none(), st.text(max_size=20)),
     sequence=st.integers(0, 2**40),
+    cut=st.integers(0, 2**20),
 )
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -25,8 +25,13 @@ Optional members, each left out when unset (so states written before they existe
   kubelet may set that label on its own Node (NodeRestriction): a later value may lower the ceiling, never raise it
   above the pinned value's, until an approver's justification covers the higher count
   (:mod:`webhook.admission.ceiling_pin`).
+- ``drivers.<name>.removedAt``: when the guard first wrote a state while the driver was not in the object (a
+  removed driver's history is kept for :data:`webhook.admission.state_bounds.REMOVED_RETENTION` from then; cleared
+  when the driver is back).
 - ``scope``: the ``enforcementScope.nodeSelector`` (canonical JSON of its ``matchLabels``) the object was judged
   in: once in scope, a node that removes the label stays enforced (leaving needs a justifier's annotation).
+- ``cut``: how many entries were left out when the state was written, to keep it within its bounds (a cap on
+  entries, the apiserver's 256 KiB annotation limit: :mod:`webhook.admission.state_bounds`).
 - ``seq``: the state's sequence, +1 for every state the guard writes for the object (absent = 0). A state older
   than the newest one a replica saw for the object (``ClusterView.newest_state_sequence``) is a replay.
 
@@ -127,7 +132,8 @@ class PinnedLabel(NamedTuple):
 @dataclass(frozen=True)
 class EntryState:
     """History of one (node, driver) entry: last accepted count (None = unbounded) and when it changed;
-    ``pinned`` the label value that selected its ceiling (None: nothing pinned yet)."""
+    ``pinned`` the label value that selected its ceiling (None: nothing pinned yet); ``removed_at`` when the
+    guard first recorded the driver as gone from the object (None: present, or not recorded yet)."""
 
     count: int | None
     changed_at: datetime
@@ -135,6 +141,7 @@ class EntryState:
     frozen_until: datetime | None = None
     correction: Correction | None = None
     pinned: PinnedLabel | None = None
+    removed_at: datetime | None = None
 
 
 class DeclaredVersion(NamedTuple):
@@ -148,7 +155,8 @@ class DeclaredVersion(NamedTuple):
 class GuardState(NamedTuple):
     """Decoded state of one CSINode (``uid``): entries by driver name, recorded approvals, the driver
     versions trusted principals declared (``declared``, by driver name), the enforcement scope the object was
-    judged in (``scope``, None: none pinned) and the state's ``sequence`` (0 for a state without one)."""
+    judged in (``scope``, None: none pinned), the state's ``sequence`` (0 for a state without one) and ``cut``, how
+    many entries were left out to keep it within its bounds when it was written (:mod:`.state_bounds`)."""
 
     uid: str
     entries: Mapping[str, EntryState] = MappingProxyType({})
@@ -156,6 +164,7 @@ class GuardState(NamedTuple):
     declared: Mapping[str, DeclaredVersion] = MappingProxyType({})
     scope: str | None = None
     sequence: int = 0
+    cut: int = 0
 
     def with_entry(self, driver: str, entry: EntryState) -> GuardState:
         """A copy with ``driver``'s entry replaced."""
@@ -244,27 +253,37 @@ _VERSION_TAIL = b',"v":' + str(FORMAT_VERSION).encode("ascii") + b"}"
 """How every canonical state document ends (``v`` sorts last)."""
 
 
-def encode_state(state: GuardState, keys: StateKeys) -> str:
-    """Serialize and sign ``state``; the result is the annotation value (deterministic for equal states)."""
-    drivers: dict[str, Any] = {}
-    for name, e in state.entries.items():  # in any order: the canonical form sorts every object's keys
-        entry: dict[str, Any] = {
-            "count": e.count,
-            "changedAt": format_time(e.changed_at),
-            "writerVersion": e.writer_version,
-            "frozenUntil": _opt_time(e.frozen_until),
-            "correction": None
-            if e.correction is None
-            else {
-                "at": format_time(e.correction.at),
-                "from": e.correction.before,
-                "to": e.correction.after,
-                "basis": e.correction.basis,
-            },
-        }
-        if e.pinned is not None:
-            entry["pinned"] = {"label": e.pinned.label, "value": e.pinned.value}
-        drivers[name] = entry
+def entry_document(e: EntryState) -> dict[str, Any]:
+    """One entry as the state document holds it (``drivers.<name>``), before canonical encoding."""
+    entry: dict[str, Any] = {
+        "count": e.count,
+        "changedAt": format_time(e.changed_at),
+        "writerVersion": e.writer_version,
+        "frozenUntil": _opt_time(e.frozen_until),
+        "correction": None
+        if e.correction is None
+        else {
+            "at": format_time(e.correction.at),
+            "from": e.correction.before,
+            "to": e.correction.after,
+            "basis": e.correction.basis,
+        },
+    }
+    if e.pinned is not None:
+        entry["pinned"] = {"label": e.pinned.label, "value": e.pinned.value}
+    if e.removed_at is not None:
+        entry["removedAt"] = format_time(e.removed_at)
+    return entry
+
+
+def canonical_size(doc: Any) -> int:
+    """Bytes of ``doc`` in the canonical form the guard signs and writes (ASCII: bytes = characters)."""
+    return len(_canonical(doc))
+
+
+def state_document(state: GuardState) -> dict[str, Any]:
+    """The document of ``state`` the guard signs (without ``sig``), before canonical encoding."""
+    drivers = {name: entry_document(e) for name, e in state.entries.items()}  # any order: the form sorts keys
     approvals = [
         {
             "driver": a.driver,
@@ -288,6 +307,14 @@ def encode_state(state: GuardState, keys: StateKeys) -> str:
         doc["scope"] = state.scope
     if state.sequence:
         doc["seq"] = state.sequence
+    if state.cut:  # sorts before "drivers": the splice in encode_state still holds
+        doc["cut"] = state.cut
+    return doc
+
+
+def encode_state(state: GuardState, keys: StateKeys) -> str:
+    """Serialize and sign ``state``; the result is the annotation value (deterministic for equal states)."""
+    doc = state_document(state)
     payload = _canonical(doc)
     signature = keys.sign(payload)
     # Keys sorted: "sig" goes right before the last two, "uid" (a string) and "v". Splicing it in gives the bytes
@@ -328,6 +355,7 @@ def _decode_entry(raw: Any) -> EntryState:
     frozen = raw.get("frozenUntil")
     version = raw.get("writerVersion")
     pinned = raw.get("pinned")
+    removed = raw.get("removedAt")
     return EntryState(
         count=_opt_int(raw.get("count")),
         changed_at=parse_time(raw["changedAt"]),
@@ -335,6 +363,7 @@ def _decode_entry(raw: Any) -> EntryState:
         frozen_until=parse_time(frozen) if frozen is not None else None,
         correction=correction,
         pinned=PinnedLabel(str(pinned["label"]), str(pinned["value"])) if pinned is not None else None,
+        removed_at=parse_time(removed) if removed is not None else None,
     )
 
 
@@ -416,10 +445,13 @@ def _decode_document(doc: dict[str, Any], uid: str) -> DecodedState:
         sequence = doc.get("seq", 0)
         if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 0:
             raise ValueError("seq must be a non-negative integer")
+        cut = doc.get("cut", 0)
+        if isinstance(cut, bool) or not isinstance(cut, int) or cut < 0:
+            raise ValueError("cut must be a non-negative integer")
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a signed state with a field of a wrong type
         return DecodedState(None, StateProblem.MALFORMED, f"bad field: {exc}")
     return DecodedState(GuardState(uid=uid, entries=entries, approvals=approvals, declared=declared, scope=scope,
-                                   sequence=sequence))
+                                   sequence=sequence, cut=cut))
 
 
 def read_state_unverified(value: str | None, uid: str) -> DecodedState:

@@ -86,6 +86,18 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+BUDGET_SHARE_OF_TIMEOUT = 0.25
+"""The share of the apiserver's ``timeout`` the evaluation may use at most: the rest is for what comes after it
+(the audit record, encoding and sending the answer) and for what came before the worker saw the request."""
+
+
+def answer_budget(configured: float, timeout: float | None) -> float:
+    """Seconds, from a review's first byte, within which it is judged in full: ``configured``
+    (``--answer-budget``), never more than :data:`BUDGET_SHARE_OF_TIMEOUT` of the apiserver's ``timeout``
+    (seconds; None when it sent none). The registered ``timeoutSeconds`` is 5 (webhook/kube/registration.py)."""
+    return configured if timeout is None else min(configured, timeout * BUDGET_SHARE_OF_TIMEOUT)
+
+
 @dataclass
 class Runtime:
     """Everything a request needs, built once per worker process.
@@ -100,6 +112,8 @@ class Runtime:
     audit: AuditWriter
     max_body_bytes: int = 3 * 1024 * 1024
     connection_max_age: float = 60.0
+    answer_budget: float = 1.0
+    """Seconds from a review's first byte within which it is judged in full (:func:`answer_budget`)."""
     clock: Callable[[], datetime] = _utcnow
     readiness: Callable[[], tuple[bool, str]] = lambda: (True, "offline")
     certificate_problems: Callable[[], list[str]] = list
@@ -288,6 +302,9 @@ def _review(mode: Mode) -> Response:
     snapshot = runtime.policies.current()
     policy = snapshot.policy
     now = runtime.clock()
+    timeout = apiserver_timeout(request.args.get("timeout"))
+    budget = answer_budget(runtime.answer_budget, timeout)
+    spent_at = reading_started + budget
     try:
         decision = evaluate(
             review,
@@ -298,6 +315,8 @@ def _review(mode: Mode) -> Response:
             mode=mode,
             budget=runtime.budget_for(policy) if mode is Mode.MUTATE else None,
             budget_clock=time.monotonic(),
+            deadline=lambda: time.monotonic() > spent_at,
+            budget_seconds=budget,
         )
     except Exception:
         log.exception("evaluation failed for request %s; count increases refused, other writes admitted", review.uid)
@@ -305,13 +324,25 @@ def _review(mode: Mode) -> Response:
         decision = unjudged(review)
     if decision.notes and decision.decision in (Decision.SKIP, Decision.DENY):
         log.warning("request %s: %s", review.uid, "; ".join(decision.notes))
-    late = judge_lateness(sock, reading_started, apiserver_timeout(request.args.get("timeout")))
+    if decision.response.audit_annotations.get("hurried"):
+        metrics.count_hurried_answer(mode.value)
+        log.warning("request %s (/%s, CSINode %s): time budget of %gs spent; answered with the ceilings and the "
+                    "stored counts", review.uid, mode.value, review.name, budget)
+    # The answer is encoded before its lateness is judged: for a wide object, encoding a large patch is part of
+    # what the apiserver waits for (issue 32: the check used to run before it, and missed a fail-open).
+    response = _json(build_response(review.uid, decision.response, allow_patch=mode is Mode.MUTATE))
+    late = judge_lateness(sock, reading_started, timeout)
     if late is not None:
         _report_late(mode, review, late)
     if not _audit(runtime, decision, review, mode, now, snapshot.policy.hash, snapshot.generation,
                   time.perf_counter() - started, late):
         decision = _unaudited(decision, review)
-    document = build_response(review.uid, decision.response, allow_patch=mode is Mode.MUTATE)
+        response = _json(build_response(review.uid, decision.response, allow_patch=mode is Mode.MUTATE))
+    if late is None and timeout is not None:
+        # What follows (the audit write, metrics, sending the answer) can still make it late: looked at again
+        # once the answer is sent, by the clock only (a peer may close a keep-alive connection after a timely
+        # answer).
+        response.call_on_close(lambda: _late_after_sending(mode, review, reading_started, timeout))
     latency = time.perf_counter() - started
     metrics.observe_decision(mode.value, decision, review.dry_run, latency, runtime.is_known_driver)
     if runtime.observe_count is not None and mode is Mode.MUTATE and decision.response.allowed:
@@ -324,7 +355,6 @@ def _review(mode: Mode) -> Response:
             driver = change.change.driver
             runtime.observe_count(driver, change.final, decision.node,
                                   label=metrics.driver_label(driver, runtime.is_known_driver))
-    response = _json(document)
     record_dir = current_app.config.get(RECORD_REVIEWS_ENV)
     if record_dir:
         _record(Path(record_dir), mode, body, response.get_data())
@@ -425,15 +455,34 @@ def _unaudited(decision: AdmissionDecision, review: AdmissionRequest) -> Admissi
     )
 
 
-def _report_late(mode: Mode, review: AdmissionRequest, late: Lateness) -> None:
-    """Count and log an answer the apiserver no longer waits for (:mod:`webhook.serving.lateness`)."""
+def _report_late(mode: Mode, review: AdmissionRequest, late: Lateness, after_record: bool = False) -> None:
+    """Count and log an answer the apiserver no longer waits for (:mod:`webhook.serving.lateness`);
+    ``after_record``: found once the answer was sent, after its audit record was written unmarked."""
     metrics.count_late_answer(mode.value)
+    if after_record:
+        log.warning("request %s (/%s, CSINode %s) finished sending its answer %.3fs after the worker began reading "
+                    "it, past the apiserver's timeout (%gs), which applied the webhook's failurePolicy instead: this "
+                    "decision did not take effect (its audit record, written before, is not marked late)",
+                    review.uid, mode.value, review.name, late.elapsed_seconds, late.deadline_seconds or 0.0)
+        return
     deadline = f"{late.deadline_seconds:g}s" if late.deadline_seconds is not None else "none sent"
     why = ("past the apiserver's timeout" if late.reason == "deadline"
            else "the apiserver had already closed the connection")
     log.warning("request %s (/%s, CSINode %s) answered %.3fs after the worker began reading it (timeout %s): %s, "
                 "which applied the webhook's failurePolicy instead: this decision did not take effect", review.uid,
                 mode.value, review.name, late.elapsed_seconds, deadline, why)
+
+
+def _late_after_sending(mode: Mode, review: AdmissionRequest, started: float, timeout: float,
+                        now: float | None = None) -> bool:
+    """Count and log an answer whose last byte left after the apiserver's ``timeout`` (seconds) although it was on
+    time when its audit record was written (that record is not marked ``late``; the log line names the uid).
+    True when it was late. ``now``: the monotonic clock (tests)."""
+    late = judge_lateness(None, started, timeout, now=now)
+    if late is None:
+        return False
+    _report_late(mode, review, late, after_record=True)
+    return True
 
 
 def _audit(

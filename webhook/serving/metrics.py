@@ -89,6 +89,13 @@ LATE_ANSWERS = Counter(
     "effect. The audit records of these reviews carry \"late\": true.",
     ["endpoint"],
 )
+HURRIED_ANSWERS = Counter(
+    "csinode_guard_hurried_answers",
+    "AdmissionReviews judged past the guard's internal time budget (--answer-budget), by endpoint: answered with "
+    "the ceilings for registrations and the stored count for increases, no new state. Their audit records carry "
+    "the auditAnnotation hurried=true.",
+    ["endpoint"],
+)
 ENDPOINTS = ("mutate", "validate")
 """The endpoints that judge AdmissionReviews (the ``endpoint`` label values of the request metrics)."""
 AUDIT_FAILURES = Counter(
@@ -244,11 +251,17 @@ def count_late_answer(endpoint: str) -> None:
     _child(LATE_ANSWERS, endpoint).inc()
 
 
+def count_hurried_answer(endpoint: str) -> None:
+    """Count one AdmissionReview of ``endpoint`` answered past the time budget (written at once: rare)."""
+    _child(HURRIED_ANSWERS, endpoint).inc()
+
+
 def start_late_answer_series() -> None:
     """Create the late-answer series of every endpoint at 0 (a rate and an alert need the series before the
     first late answer)."""
     for endpoint in ENDPOINTS:
         _child(LATE_ANSWERS, endpoint)
+        _child(HURRIED_ANSWERS, endpoint)
 
 
 def count_client_fault(reason: str) -> None:

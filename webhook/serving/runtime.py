@@ -297,6 +297,7 @@ def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: 
         audit=audit,
         max_body_bytes=settings.max_body_bytes,
         connection_max_age=settings.connection_max_age,
+        answer_budget=settings.answer_budget,
         readiness=readiness,
         certificate_problems=certificate_problems,
         cert_file=cert_file,

@@ -16,8 +16,9 @@ request of a keep-alive connection from its first byte — must arrive within th
 closed and counted as a client fault (``csinode_guard_client_faults_total{reason="too_slow"}``). A connection
 that has sent nothing yet waits in the poller as in gthread (until the keep-alive timeout). A request larger
 than ``max_request_bytes`` is handed over as soon as its headers are in: the application answers 413 without
-reading the body. When the worker began reading each request is remembered for the application, which marks an
-answer given after the apiserver's deadline (:mod:`webhook.serving.lateness`).
+reading the body. When the worker began reading each request — or, earlier, when the connection with its bytes
+was handed to the thread pool and waited there for a free thread — is remembered for the application, which
+marks an answer given after the apiserver's deadline (:mod:`webhook.serving.lateness`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ _HEADER_END = b"\r\n\r\n"
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length[ \t]*:[ \t]*([0-9]+)[ \t]*(?=\r\n)", re.IGNORECASE)
 _CHUNKED = re.compile(rb"\r\ntransfer-encoding[ \t]*:[^\r\n]*chunked", re.IGNORECASE)
 _EXPECT = re.compile(rb"\r\nexpect[ \t]*:", re.IGNORECASE)
+_QUEUED = "csinode_guard_queued"
+"""The attribute of a connection holding when (monotonic) it was handed to the thread pool with a new request."""
 MAX_HEADER_BYTES = 64 * 1024
 """Headers longer than this are handed to gunicorn's parser, which refuses them (its field limits)."""
 
@@ -141,6 +144,14 @@ class WholeRequestWorker(gthread.ThreadWorker):  # type: ignore[misc]
             return state
         return super().handle(conn)
 
+    def enqueue_req(self, conn: Any) -> None:
+        """gunicorn's, remembering when a connection with a new request was handed to the thread pool: a request
+        that waits there for a free thread (all busy judging) is already waiting for its answer, and its
+        lateness counts from here (:mod:`webhook.serving.lateness`)."""
+        if getattr(conn, "csinode_guard_gathering", None) is None and getattr(conn, _QUEUED, None) is None:
+            setattr(conn, _QUEUED, time.monotonic())
+        super().enqueue_req(conn)
+
     def finish_request(self, conn: Any, fs: Any) -> None:
         """gunicorn's, except that a connection parked by a worker that has begun to stop meanwhile goes back to
         a thread (which then finishes it with blocking reads) instead of being taken for a kept-alive one."""
@@ -177,8 +188,12 @@ class WholeRequestWorker(gthread.ThreadWorker):  # type: ignore[misc]
             # sent nothing by then waits in the poller, with no deadline (the keep-alive timeout).
             if not conn.initialized and not conn.data_ready and not conn.wait_for_data(
                     gthread.DEFAULT_WORKER_DATA_TIMEOUT):
+                setattr(conn, _QUEUED, None)  # nothing sent yet: its request starts with its first byte
                 return _WAIT
-            gathering = conn.csinode_guard_gathering = _Gathering(now, now + self.read_timeout)
+            queued = getattr(conn, _QUEUED, None)
+            setattr(conn, _QUEUED, None)
+            started = min(now, queued) if queued is not None else now
+            gathering = conn.csinode_guard_gathering = _Gathering(started, now + self.read_timeout)
         if now > gathering.deadline:
             return self._too_slow(conn, "request")
         if not conn.initialized:

@@ -67,6 +67,8 @@ from webhook.admission.decision import (
 )
 from webhook.admission.evaluation.annotations import _published_versions as _published_versions  # its cache
 from webhook.admission.evaluation.classify import classify
+from webhook.admission.evaluation.deadline import Deadline, OutOfTimeError, check_deadline
+from webhook.admission.evaluation.hurried import hurried
 from webhook.admission.evaluation.judge import judge
 from webhook.admission.evaluation.record import record
 from webhook.admission.evaluation.settle import settle
@@ -124,6 +126,8 @@ def evaluate(
     mode: Mode = Mode.MUTATE,
     budget: IncreaseBudget | None = None,
     budget_clock: float | None = None,
+    deadline: Deadline | None = None,
+    budget_seconds: float | None = None,
 ) -> AdmissionDecision:
     """Judge one AdmissionRequest against ``policy`` at ``now`` (timezone-aware UTC).
 
@@ -132,6 +136,10 @@ def evaluate(
     request is judged against it without taking from it) is the per-replica cluster-wide increase budget, read
     with ``budget_clock`` seconds: an input of change-rate, asked once every rule judged every change, for the
     increases the request would then admit.
+
+    ``deadline`` (None: no time budget) answers True once the internal time budget (``budget_seconds``, for the
+    wording) is spent; looked at between the stages and while judging, before the budget is taken from: past it
+    the answer is :func:`~.hurried.hurried`'s (ceilings for registrations, increases held at the stored count).
 
     Never raises for bad input: an UPDATE without ``oldObject`` or with an object that is not a CSINode gives an
     ``invalid`` decision (``allowed: false``, code 400). A CREATE is judged as the registration of each of its
@@ -162,10 +170,16 @@ def evaluate(
         return _invalid(f"not a valid CSINode: {exc}")
     except RecursionError:
         return _invalid("not a valid CSINode: nested too deeply")
-    write = classify(request, policy, cluster, now, keys, mode, old, new)
-    if write.declarations.invalid is not None:
-        return _invalid(write.declarations.invalid)
-    judgement = judge(write, cluster, keys)
+    try:
+        check_deadline(deadline)
+        write = classify(request, policy, cluster, now, keys, mode, old, new)
+        check_deadline(deadline)
+        if write.declarations.invalid is not None:
+            return _invalid(write.declarations.invalid)
+        judgement = judge(write, cluster, keys, deadline)
+        check_deadline(deadline)
+    except OutOfTimeError:
+        return hurried(request, policy, cluster, old, new, mode, keys, budget_seconds)
     settlement = settle(write, judgement, budget, budget_clock)
     return record(write, judgement, settlement, keys)
 

@@ -19,12 +19,14 @@ from webhook.admission.cluster import ClusterView
 from webhook.admission.csinode import CountChange, format_count, removed_drivers
 from webhook.admission.decision import Mode, Note, RuleOutcome
 from webhook.admission.evaluation.classify import Write
+from webhook.admission.evaluation.deadline import CHECK_EVERY, Deadline, check_deadline
 from webhook.admission.evaluation.wording import capacity_note, pass_reason
 from webhook.admission.policy import STATE_INTEGRITY, DriverPolicy, EnforcementAction
 from webhook.admission.rules import RULES, change_rate
 from webhook.admission.rules.base import BudgetAnswer, RuleContext, Violation
 from webhook.admission.rules.writer_identity import RULE_ID as WRITER_IDENTITY
 from webhook.admission.state import STATE_ANNOTATION, DeclaredVersion, PinnedLabel, StateKeys, decode_state
+from webhook.admission.state_bounds import no_room
 
 
 class Found(NamedTuple):
@@ -73,8 +75,10 @@ def driver_version(
     return found.version if found is not None else None
 
 
-def judge(write: Write, cluster: ClusterView, keys: StateKeys) -> Judgement:
-    """Run every rule on ``write``: the request-level checks, each change's rules, /validate's integrity check."""
+def judge(write: Write, cluster: ClusterView, keys: StateKeys, deadline: Deadline | None = None) -> Judgement:
+    """Run every rule on ``write``: the request-level checks, each change's rules, /validate's integrity check.
+
+    Raises :class:`~.deadline.OutOfTimeError` when ``deadline`` passes (looked at every ``CHECK_EVERY`` changes)."""
     verdicts: list[Verdict] = [Found(None, v) for v in write.declarations.violations]
     verdicts.extend(_removals(write, cluster))
     if write.mode is Mode.MUTATE and not write.create:
@@ -82,6 +86,8 @@ def judge(write: Write, cluster: ClusterView, keys: StateKeys) -> Judgement:
     contexts: dict[str, RuleContext] = {}
     pins: dict[str, PinnedLabel | None] = {}
     for index, change in enumerate(write.changes):
+        if index % CHECK_EVERY == CHECK_EVERY - 1:
+            check_deadline(deadline)
         ctx, pin = _context(write, cluster, change)
         pins[change.driver] = pin
         contexts[change.driver] = ctx
@@ -207,6 +213,8 @@ def _integrity(write: Write, keys: StateKeys) -> list[Found]:
     if not changes and new_value == old_value:
         return []
     action = write.policy.default_driver.rules.integrity_action
+    if no_room({k: v for k, v in write.new.annotations.items() if k != STATE_ANNOTATION}):
+        return []  # no room for a state next to the object's other annotations: /mutate wrote none (state_bounds)
     decoded = decode_state(new_value, write.uid, keys)
     if decoded.state is None:
         problem = decoded.problem.value if decoded.problem else "unknown"
@@ -217,6 +225,8 @@ def _integrity(write: Write, keys: StateKeys) -> list[Found]:
     found = []
     for i, c in enumerate(changes):
         entry = decoded.state.entries.get(c.driver)
+        if entry is None and decoded.state.cut:
+            continue  # left out of a state cut to its bounds (state_bounds): judged from the ceilings next time
         if entry is None or entry.count != c.new:
             recorded = format_count(entry.count) if entry else "nothing"
             found.append(Found(i, Violation(

@@ -5,7 +5,8 @@ An entry whose count does not change keeps its state; a registration that brings
 records nothing new (no state churn). Otherwise the entry records the final count, when it changed, the writer's
 version, a freeze (a version rollback freezes increases for ``freezeFor``), a correction (a lower count backed
 by a capacity attach error or a justification) and the ceiling label pinned for it. Entries of drivers that are
-no longer in the object are kept (kubelet removes and registers again a driver whose node plugin restarts);
+no longer in the object are kept (kubelet removes and registers again a driver whose node plugin restarts)
+for :data:`~webhook.admission.state_bounds.REMOVED_RETENTION` after the first state written without them;
 expired approvals are dropped; the enforcement scope stays pinned until a justifier's annotation lets a node
 that left it go. No state without an object UID (a CREATE) or when nothing changed.
 """
@@ -21,6 +22,7 @@ from webhook.admission.evaluation.classify import Write
 from webhook.admission.evaluation.judge import Judgement
 from webhook.admission.evaluation.settle import Settlement
 from webhook.admission.state import Correction, EntryState, GuardState
+from webhook.admission.state_bounds import mark_removed
 
 
 def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tuple[
@@ -46,6 +48,7 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             and not freeze
             and ctx.driver_version in (None, prev.writer_version)
             and pins.get(c.driver, prev.pinned) == prev.pinned
+            and prev.removed_at is None
         ):
             # A plugin restart that brings the entry back as it was: nothing new to record (no state churn).
             outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
@@ -84,7 +87,10 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
     approvals = tuple(a for a in declarations.approvals if a.expires > now)  # expired approvals are dropped
     # The scope stays pinned until a justifier's annotation on the object lets a node that left it go.
     keep_scope = write.scope_matched or (write.scope_pinned and not declarations.approvals_recorded)
-    kept: Mapping[str, EntryState] = write.entries if entries is None else entries
+    # Removed drivers' entries are kept for a stated retention (webhook.admission.state_bounds); the entry cap and
+    # the annotation size are applied in record, which knows the patched object's annotations.
+    kept: Mapping[str, EntryState] = mark_removed(write.entries if entries is None else entries, write.new.drivers,
+                                                  now)
     state = GuardState(
         write.uid,
         kept,

@@ -9,14 +9,15 @@ the state of :mod:`.next_state`, the patch of :mod:`.patching`.
 from __future__ import annotations
 
 from webhook.admission.csinode import CountChange
-from webhook.admission.decision import AdmissionDecision, ChangeOutcome, Decision, Mode
+from webhook.admission.decision import AdmissionDecision, ChangeOutcome, Decision, Mode, Note
 from webhook.admission.evaluation.classify import Write
 from webhook.admission.evaluation.judge import Judgement
 from webhook.admission.evaluation.next_state import next_state
 from webhook.admission.evaluation.patching import patch_operations
 from webhook.admission.evaluation.settle import Settlement
 from webhook.admission.review import AdmissionResponse
-from webhook.admission.state import GuardState, StateKeys
+from webhook.admission.state import STATE_ANNOTATION, GuardState, StateKeys
+from webhook.admission.state_bounds import MAX_ENTRIES, Bounded, bound_state, state_room
 
 
 def record(write: Write, judgement: Judgement, settlement: Settlement, keys: StateKeys) -> AdmissionDecision:
@@ -39,6 +40,12 @@ def record(write: Write, judgement: Judgement, settlement: Settlement, keys: Sta
         return _decision(write, settlement, response, outcomes, None)
     new_state, change_outcomes = next_state(write, judgement, settlement)
     change_outcomes = [_with_stored(write, o) for o in change_outcomes]
+    if new_state is not None:
+        # Within its bounds (state_bounds): without room for any, the stored state stays as it is.
+        bounded = bound_state(new_state, write.now, state_room(_final_annotations(write)))
+        if bounded.dropped:
+            notes = (*notes, _bounds_note(write, bounded, len(new_state.entries)))
+        new_state = bounded.state
     ops = (patch_operations(write.request, write.old, write.new, write.changes, settlement.finals,
                             write.declarations.restore, new_state, keys)
            if write.mode is Mode.MUTATE else [])
@@ -48,7 +55,32 @@ def record(write: Write, judgement: Judgement, settlement: Settlement, keys: Sta
         patch=tuple(ops),
         audit_annotations=audit_annotations(write, settlement, settlement.decision),
     )
-    return _decision(write, settlement, response, change_outcomes, new_state)
+    return _decision(write, settlement._replace(notes=notes), response, change_outcomes, new_state)
+
+
+def _final_annotations(write: Write) -> dict[str, str]:
+    """The annotations the admitted object will have besides the state: the request's, with the ones the patch
+    puts back as stored (:attr:`~.annotations.Declarations.restore`)."""
+    final = {k: v for k, v in write.new.annotations.items() if k != STATE_ANNOTATION}
+    for key in write.declarations.restore:
+        before = write.old.annotations.get(key)
+        if before is None:
+            final.pop(key, None)
+        else:
+            final[key] = before
+    return final
+
+
+def _bounds_note(write: Write, bounded: Bounded, entries: int) -> Note:
+    """What a state cut to its bounds left out (a warning of at most 256 characters)."""
+    if bounded.state is None:
+        return Note(f"{write.node}: no room for csinode-guard's state next to the object's other annotations "
+                    "(apiserver limit 256 KiB): the stored state is not updated; what it lacks is judged from the "
+                    "ceilings")
+    kept = len(bounded.state.entries)
+    return Note(f"{write.node}: csinode-guard's state keeps {kept} of {entries} entries (at most "
+                f"{MAX_ENTRIES}, within the 256 KiB annotation limit); the other {len(bounded.dropped)} are judged "
+                "from the ceilings")
 
 
 def audit_annotations(write: Write, settlement: Settlement, decision: Decision) -> dict[str, str]:
