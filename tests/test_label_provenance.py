@@ -18,6 +18,7 @@ from webhook.admission.label_provenance import (
     MAX_VOUCHED,
     PROVENANCE_ANNOTATION,
     LabelWrite,
+    ceiling_labels,
     decode_provenance,
     encode_provenance,
     provenance_patch,
@@ -94,6 +95,24 @@ def test_a_node_that_relabels_itself_loses_the_vouched_value() -> None:
     after = record_label_write(write(by_node=True, old={TYPE: "m6i.large"}, new={TYPE: "c7i.48xlarge"},
                                      record=record), KEYS)
     assert after == {}
+
+
+def test_a_node_labelled_before_the_guard_keeps_its_labels_and_its_first_observed_write_adopts_them() -> None:
+    """Installing the guard must not drop every existing node to the unknown-type ceiling: a Node with no record
+    at all was labelled before the Node entry was registered. Its first observed write starts from its labels;
+    a label the node changes in that write is still its own."""
+    assert ceiling_labels({TYPE: "m6i.large"}, None, "node-a", "uid-1", KEYS) == {TYPE: "m6i.large"}
+    adopted = record_label_write(write(by_node=True, old={TYPE: "m6i.large", "team": "a"},
+                                       new={TYPE: "m6i.large", "team": "b"}), KEYS)
+    assert adopted == {TYPE: "m6i.large"}
+    relabelled = record_label_write(write(by_node=True, old={TYPE: "m6i.large"}, new={TYPE: "c7i.48xlarge"}), KEYS)
+    assert relabelled == {}
+
+
+def test_a_node_with_a_record_gets_only_what_the_record_vouches_for() -> None:
+    empty = encode_provenance("node-a", "", {}, KEYS)  # made at the node's own CREATE (attack 3)
+    assert ceiling_labels({TYPE: "c7i.48xlarge"}, empty, "node-a", "uid-1", KEYS) == {}
+    assert ceiling_labels({TYPE: "c7i.48xlarge"}, "forged", "node-a", "uid-1", KEYS) == {}
 
 
 def test_an_unchanged_label_keeps_its_vouched_value_whoever_writes() -> None:

@@ -277,14 +277,14 @@ def test_the_guard_can_only_read_what_its_cluster_view_needs_and_write_what_its_
     assert _grants(rendered["base"]) == expected
 
 
-def test_the_guard_keeps_only_its_own_secrets_lease_and_webhook_configurations(rendered: dict[str, Objects]) -> None:
+def test_the_guard_keeps_only_its_own_secrets_and_webhook_configurations(rendered: dict[str, Objects]) -> None:
     keep = ("get", "update", "patch")
     group = "admissionregistration.k8s.io"
     expected = (
         {(NAMESPACE, "", f"secrets/{name}", verb) for name in ("csinode-guard-tls", "csinode-guard-state-key")
          for verb in keep}
-        # the audit Lease by name only: nobody else's Lease in the namespace can be read or taken over
-        | {(NAMESPACE, "coordination.k8s.io", "leases/csinode-guard-audit", verb) for verb in ("get", "update")}
+        # (Leases are not here: each replica reports the policy it serves in a Lease named after its pod, so the
+        # guard's Lease rights cover its own namespace, granted without names above; no other subject is bound.)
         | {("*", group, f"{kind}/{NAME}", verb) for verb in keep
            for kind in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")}
         # the Node entry's configuration (its caBundle is filled in the same way)

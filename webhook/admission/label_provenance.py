@@ -87,6 +87,20 @@ def decode_provenance(value: str | None, node: str, uid: str, keys: StateKeys) -
     return dict(labels)
 
 
+def ceiling_labels(labels: Mapping[str, str], record: str | None, node: str, uid: str,
+                   keys: StateKeys) -> dict[str, str]:
+    """The labels of Node ``node`` (``uid``) a ceiling may be selected by, given its provenance annotation
+    ``record`` (None when absent). A Node with a record, valid or not: :func:`vouched_labels` of what it verifies
+    to. A Node with none: every label. Such a Node was created and labelled before the guard's Node entry was
+    registered (installing the guard must not lower every existing node's ceiling to the unknown-type one), or
+    the record was stripped while the guard was down; either way the ceiling pin in its CSINode's signed state
+    (kept by node across re-creation) still bounds what a later label can lift. A node that creates its own Node
+    while the Node entry is registered gets a record at CREATE, so its own labels are never vouched for."""
+    if record is None:
+        return dict(labels)
+    return vouched_labels(labels, decode_provenance(record, node, uid, keys))
+
+
 def vouched_labels(labels: Mapping[str, str], vouched: Mapping[str, str]) -> dict[str, str]:
     """The labels a ceiling may be selected by: every label the node's kubelet cannot set
     (``node-restriction.kubernetes.io/``, most of ``kubernetes.io``) and every other label whose value equals the
@@ -113,8 +127,15 @@ def record_label_write(write: LabelWrite, keys: StateKeys) -> dict[str, str]:
     """The vouched labels after ``write``: the old verified record's values that are still on the Node, plus every
     label the node could set that this write set or changed by an identity other than the node; a label the node
     sets or changes is dropped. At CREATE the record starts empty (an annotation the creator sends is never read).
-    At most :data:`MAX_VOUCHED` labels, by key."""
-    before = {} if write.create else decode_provenance(write.old_record, write.node, write.uid, keys)
+    A Node the guard has never observed (an UPDATE whose old object carries no record: labelled before the Node
+    entry was registered) starts from its old labels, as :func:`ceiling_labels` reads such a Node. At most
+    :data:`MAX_VOUCHED` labels, by key."""
+    if write.create:
+        before: dict[str, str] = {}
+    elif write.old_record is None:
+        before = dict(write.old_labels)
+    else:
+        before = decode_provenance(write.old_record, write.node, write.uid, keys)
     after: dict[str, str] = {}
     for key in sorted(write.new_labels):
         value = write.new_labels[key]

@@ -18,7 +18,7 @@ from typing import Any
 
 from webhook.admission.cluster import ClusterView, StaticClusterView
 from webhook.admission.csinode import CSINodeError, format_count, parse_csinode
-from webhook.admission.label_provenance import PROVENANCE_ANNOTATION, decode_provenance, vouched_labels
+from webhook.admission.label_provenance import PROVENANCE_ANNOTATION, ceiling_labels
 from webhook.admission.policy import Policy
 from webhook.admission.standing import StandingFinding, judge_standing
 from webhook.admission.state import STATE_ANNOTATION, StateKeys, decode_state, read_state_unverified
@@ -64,9 +64,9 @@ def status_cluster_view(
         view.nodes[name] = {"labels": dict(record.labels), "kubeletVersion": record.kubelet_version}
         if keys is not None:
             metadata = n.get("metadata") or {}
-            recorded = decode_provenance((metadata.get("annotations") or {}).get(PROVENANCE_ANNOTATION), name,
-                                         str(metadata.get("uid") or ""), keys)
-            view.nodes[name]["vouchedLabels"] = vouched_labels(record.labels, recorded)
+            view.nodes[name]["vouchedLabels"] = ceiling_labels(
+                record.labels, (metadata.get("annotations") or {}).get(PROVENANCE_ANNOTATION), name,
+                str(metadata.get("uid") or ""), keys)
     for va in volume_attachments:
         attachment = parse_volume_attachment(va)
         if attachment.error is not None:

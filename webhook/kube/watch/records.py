@@ -20,7 +20,7 @@ import semver
 
 from webhook.admission import versions
 from webhook.admission.cluster import AttachError, PodVersionSource
-from webhook.admission.label_provenance import PROVENANCE_ANNOTATION, decode_provenance, vouched_labels
+from webhook.admission.label_provenance import PROVENANCE_ANNOTATION, ceiling_labels
 from webhook.admission.state import StateKeys
 
 _intern = sys.intern
@@ -139,8 +139,8 @@ def make_node_parser(keys: StateKeys) -> Callable[[Mapping[str, Any]], NodeRecor
         annotations = meta.get("annotations") if isinstance(meta, Mapping) else None
         value = annotations.get(PROVENANCE_ANNOTATION) if isinstance(annotations, Mapping) else None
         name, uid = _get(obj, "metadata", "name"), _get(obj, "metadata", "uid")
-        recorded = decode_provenance(value if isinstance(value, str) else None, str(name or ""), str(uid or ""), keys)
-        vouched = vouched_labels(record.labels, recorded)
+        vouched = ceiling_labels(record.labels, value if isinstance(value, str) else None, str(name or ""),
+                                 str(uid or ""), keys)
         return NodeRecord(record.labels, record.kubelet_version, vouched)
 
     return parse
