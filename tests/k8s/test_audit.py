@@ -104,6 +104,20 @@ def restart_plugin_while_down(control_plane: ControlPlane, guard: Guard, node: s
     assert stored(control_plane, node) == 39
 
 
+@contextlib.contextmanager
+def budgeted_driver(control_plane: ControlPlane) -> Any:
+    """A CSIDriver object for :data:`EBS` while the block runs: the cluster budget counts only drivers the cluster
+    has a CSIDriver for (a node can invent driver names at will; docs/budget.md), as a cluster running the EBS
+    CSI driver has. Removed afterwards, so that the other tests of this worker's cluster see none."""
+    driver = {"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": EBS},
+              "spec": {"attachRequired": True}}
+    control_plane.kubectl("apply", "-f", "-", input=json.dumps(driver))
+    try:
+        yield
+    finally:
+        control_plane.kubectl("delete", "csidriver", EBS, "--ignore-not-found")
+
+
 def new_node(control_plane: ControlPlane, prefix: str) -> str:
     node = unique(prefix)
     control_plane.create_node(node, M6I_LARGE)
@@ -343,6 +357,8 @@ def test_three_replicas_share_one_cluster_budget(
     one burst plus what the replicas admit within the watch delay."""
     burst = 6
     path = audit_policy(tmp_path / "policy.yaml", "report", budget=(0.05, burst), min_interval="1s")
+    stack = contextlib.ExitStack()
+    stack.enter_context(budgeted_driver(control_plane))
     key = uuid.uuid4().hex + uuid.uuid4().hex + "\n"
     for i in range(3):  # guard_factory's work directories: one state key for the deployment, as from its Secret
         certs = tmp_path / f"guard{i}" / "certs"
@@ -382,6 +398,7 @@ def test_three_replicas_share_one_cluster_budget(
     finally:
         guards[0].unregister(check=False, wait=False)
         proxy.stop()
+        stack.close()
 
 
 class RoundRobinProxy:
@@ -483,6 +500,8 @@ def test_attack_9_thirty_kubelets_raise_at_once_on_three_replicas(
     gunicorn worker keeps its own watch and stops at the burst counting its own admitted increases)."""
     burst, replicas, workers = 10, 3, 2
     path = audit_policy(tmp_path / "policy.yaml", "report", budget=(0.05, burst), min_interval="1s")
+    stack = contextlib.ExitStack()
+    stack.enter_context(budgeted_driver(control_plane))
     key = uuid.uuid4().hex + uuid.uuid4().hex + "\n"
     for i in range(replicas):
         certs = tmp_path / f"guard{i}" / "certs"
@@ -525,3 +544,4 @@ def test_attack_9_thirty_kubelets_raise_at_once_on_three_replicas(
     finally:
         guards[0].unregister(check=False, wait=False)
         proxy.stop()
+        stack.close()
