@@ -118,6 +118,40 @@ def budgeted_driver(control_plane: ControlPlane) -> Any:
         control_plane.kubectl("delete", "csidriver", EBS, "--ignore-not-found")
 
 
+@contextlib.contextmanager
+def replicas_behind_one_address(control_plane: ControlPlane, guard_factory: Any, tmp_path: Path, policy: Path,
+                                replicas: int, nodes: int, prefix: str) -> Any:
+    """``replicas`` guards on ``policy`` behind one round-robin TCP proxy (as behind one Service; one webhook
+    configuration, a new connection and so a replica per request), sharing one state key as from the deployment's
+    Secret, with :func:`budgeted_driver`; ``nodes`` new nodes with EBS registered at 10 whose minInterval has
+    passed. Yields ``(guards, node names)``; unregisters and stops the proxy afterwards."""
+    key = uuid.uuid4().hex + uuid.uuid4().hex + "\n"
+    for i in range(replicas):  # guard_factory's work directories
+        certs = tmp_path / f"guard{i}" / "certs"
+        certs.mkdir(parents=True)
+        (certs / "state.key").write_text(key)
+    with budgeted_driver(control_plane):
+        guards = [guard_factory(policy, register=False, extra_args=("--no-audit", "--connection-max-age", "0.001"))
+                  for _ in range(replicas)]
+        proxy = RoundRobinProxy([g.port for g in guards])
+        proxy.start()
+        try:
+            guards[0].csinode_guard("register", "--url", f"https://127.0.0.1:{proxy.port}", "--cert-dir",
+                                    str(guards[0].cert_dir), "--name", guards[0].name)
+            guards[0].registered = True
+            wait_until(lambda: control_plane.probe_write().returncode == 0
+                       and any(r.get("node") == ControlPlane.PROBE_NODE for g in guards for r in g.decisions()),
+                       timeout=30, what="the proxy's guards called")
+            names = [new_node(control_plane, prefix) for _ in range(nodes)]
+            for node in names:
+                install(control_plane, node, 10)
+            time.sleep(2.0)  # minInterval 1s since each registration
+            yield guards, names
+        finally:
+            guards[0].unregister(check=False, wait=False)
+            proxy.stop()
+
+
 def new_node(control_plane: ControlPlane, prefix: str) -> str:
     node = unique(prefix)
     control_plane.create_node(node, M6I_LARGE)
@@ -357,28 +391,8 @@ def test_three_replicas_share_one_cluster_budget(
     one burst plus what the replicas admit within the watch delay."""
     burst = 6
     path = audit_policy(tmp_path / "policy.yaml", "report", budget=(0.05, burst), min_interval="1s")
-    stack = contextlib.ExitStack()
-    stack.enter_context(budgeted_driver(control_plane))
-    key = uuid.uuid4().hex + uuid.uuid4().hex + "\n"
-    for i in range(3):  # guard_factory's work directories: one state key for the deployment, as from its Secret
-        certs = tmp_path / f"guard{i}" / "certs"
-        certs.mkdir(parents=True)
-        (certs / "state.key").write_text(key)
-    guards = [guard_factory(path, register=False, extra_args=("--no-audit", "--connection-max-age", "0.001"))
-              for _ in range(3)]  # a new connection (and replica) per request
-    proxy = RoundRobinProxy([g.port for g in guards])
-    proxy.start()
-    try:
-        guards[0].csinode_guard("register", "--url", f"https://127.0.0.1:{proxy.port}", "--cert-dir",
-                                str(guards[0].cert_dir), "--name", guards[0].name)
-        guards[0].registered = True
-        wait_until(lambda: control_plane.probe_write().returncode == 0
-                   and any(r.get("node") == ControlPlane.PROBE_NODE for g in guards for r in g.decisions()),
-                   timeout=30, what="the proxy's guards called")
-        nodes = [new_node(control_plane, "budget") for _ in range(3 * burst)]
-        for node in nodes:
-            install(control_plane, node, 10)
-        time.sleep(2.0)  # minInterval 1s since each registration
+    with replicas_behind_one_address(control_plane, guard_factory, tmp_path, path, 3, 3 * burst,
+                                     "budget") as (guards, nodes):
         threads = [threading.Thread(target=control_plane.kubelet, args=(n, "update", "--driver", EBS,
                                                                          "--max-volumes", "12"),
                                     kwargs={"check": False}) for n in nodes]
@@ -390,15 +404,11 @@ def test_three_replicas_share_one_cluster_budget(
         raised = sum(1 for n in nodes if stored(control_plane, n) == 12)
         judged = [sum(1 for r in g.decisions() if r.get("endpoint") == "mutate" and r.get("node") in nodes
                       and r.get("change") == "increase") for g in guards]
-        print(f"\n[budget] increases judged per replica: {judged}")
-        assert sum(1 for j in judged if j) >= 2, "the burst spread over the replicas"
-        print(f"\n[budget] 3 replicas, burst {burst}, {len(nodes)} increases {SPACING}s apart: {raised} admitted "
-              f"(overshoot {raised - burst}; a budget per replica admits up to {3 * burst})")
-        assert burst <= raised <= burst + 2, "one budget, not one per replica (overshoot: the watch delay)"
-    finally:
-        guards[0].unregister(check=False, wait=False)
-        proxy.stop()
-        stack.close()
+    print(f"\n[budget] increases judged per replica: {judged}")
+    assert sum(1 for j in judged if j) >= 2, "the burst spread over the replicas"
+    print(f"\n[budget] 3 replicas, burst {burst}, {len(nodes)} increases {SPACING}s apart: {raised} admitted "
+          f"(overshoot {raised - burst}; a budget per replica admits up to {3 * burst})")
+    assert burst <= raised <= burst + 2, "one budget, not one per replica (overshoot: the watch delay)"
 
 
 class RoundRobinProxy:
@@ -500,28 +510,8 @@ def test_attack_9_thirty_kubelets_raise_at_once_on_three_replicas(
     gunicorn worker keeps its own watch and stops at the burst counting its own admitted increases)."""
     burst, replicas, workers = 10, 3, 2
     path = audit_policy(tmp_path / "policy.yaml", "report", budget=(0.05, burst), min_interval="1s")
-    stack = contextlib.ExitStack()
-    stack.enter_context(budgeted_driver(control_plane))
-    key = uuid.uuid4().hex + uuid.uuid4().hex + "\n"
-    for i in range(replicas):
-        certs = tmp_path / f"guard{i}" / "certs"
-        certs.mkdir(parents=True)
-        (certs / "state.key").write_text(key)
-    guards = [guard_factory(path, register=False, extra_args=("--no-audit", "--connection-max-age", "0.001"))
-              for _ in range(replicas)]
-    proxy = RoundRobinProxy([g.port for g in guards])
-    proxy.start()
-    try:
-        guards[0].csinode_guard("register", "--url", f"https://127.0.0.1:{proxy.port}", "--cert-dir",
-                                str(guards[0].cert_dir), "--name", guards[0].name)
-        guards[0].registered = True
-        wait_until(lambda: control_plane.probe_write().returncode == 0
-                   and any(r.get("node") == ControlPlane.PROBE_NODE for g in guards for r in g.decisions()),
-                   timeout=30, what="the proxy's guards called")
-        nodes = [new_node(control_plane, "burst") for _ in range(3 * burst)]
-        for node in nodes:
-            install(control_plane, node, 10)
-        time.sleep(2.0)  # minInterval 1s since each registration
+    with replicas_behind_one_address(control_plane, guard_factory, tmp_path, path, replicas, 3 * burst,
+                                     "burst") as (guards, nodes):
         start = threading.Event()
 
         def raise_count(node: str) -> None:
@@ -537,11 +527,7 @@ def test_attack_9_thirty_kubelets_raise_at_once_on_three_replicas(
         raised = sum(1 for n in nodes if stored(control_plane, n) == 12)
         judged = [sum(1 for r in g.decisions() if r.get("endpoint") == "mutate" and r.get("node") in nodes
                       and r.get("change") == "increase") for g in guards]
-        print(f"\n[attack 9] 3 replicas, burst {burst}, {len(nodes)} increases at once: {raised} admitted "
-              f"(overshoot {raised - burst}); increases judged per replica {judged}")
-        assert sum(1 for j in judged if j) >= 2, "the flood spread over the replicas"
-        assert burst <= raised <= replicas * workers * burst, "at most one burst per serving process"
-    finally:
-        guards[0].unregister(check=False, wait=False)
-        proxy.stop()
-        stack.close()
+    print(f"\n[attack 9] 3 replicas, burst {burst}, {len(nodes)} increases at once: {raised} admitted "
+          f"(overshoot {raised - burst}); increases judged per replica {judged}")
+    assert sum(1 for j in judged if j) >= 2, "the flood spread over the replicas"
+    assert burst <= raised <= replicas * workers * burst, "at most one burst per serving process"

@@ -275,13 +275,10 @@ def _has_client_certificate(sock: Any) -> bool:
         return False
 
 
-def _review(mode: Mode) -> Response:
-    runtime: Runtime = current_app.extensions[EXTENSION]
-    started = time.perf_counter()
-    sock = request.environ.get("gunicorn.socket")
-    reading_started = request_started(sock)
-    if reading_started is None:  # not served by gunicorn's worker (a test client): from now
-        reading_started = time.monotonic()
+def _read_review_body(runtime: Runtime, sock: Any) -> bytes | Response:
+    """The body of an AdmissionReview request after the checks every endpoint makes, or the error to answer:
+    403 without the apiserver's client certificate (with --client-ca), 415 for another Content-Type, a client
+    fault's status, 413 over the size limit (the rest drained)."""
     if runtime.require_client_cert and not _has_client_certificate(sock):
         return _error(403, "a client certificate signed by the --client-ca is required (the apiserver's webhook "
                            "client certificate)")
@@ -294,6 +291,19 @@ def _review(mode: Mode) -> Response:
     if body is None:
         size = f"of {request.content_length} bytes " if request.content_length is not None else ""
         return _refuse_too_large(f"body {size}is over the limit of {runtime.max_body_bytes} bytes")
+    return body
+
+
+def _review(mode: Mode) -> Response:
+    runtime: Runtime = current_app.extensions[EXTENSION]
+    started = time.perf_counter()
+    sock = request.environ.get("gunicorn.socket")
+    reading_started = request_started(sock)
+    if reading_started is None:  # not served by gunicorn's worker (a test client): from now
+        reading_started = time.monotonic()
+    body = _read_review_body(runtime, sock)
+    if isinstance(body, Response):
+        return body
     try:
         review = parse_review(body)
     except ReviewError as exc:
@@ -370,17 +380,9 @@ def _node_review() -> Response:
     unexpected error is logged and answered with an allow without a patch (the entry's failurePolicy is Ignore too:
     the label is then simply not vouched for)."""
     runtime: Runtime = current_app.extensions[EXTENSION]
-    if runtime.require_client_cert and not _has_client_certificate(request.environ.get("gunicorn.socket")):
-        return _error(403, "a client certificate signed by the --client-ca is required (the apiserver's webhook "
-                           "client certificate)")
-    if request.mimetype != "application/json":
-        return _error(415, f"Content-Type must be application/json, not {request.mimetype or '(none)'!r}")
-    try:
-        body = _read_body(runtime.max_body_bytes)
-    except ClientFaultError as fault:
-        return _client_fault(fault)
-    if body is None:
-        return _refuse_too_large(f"body is over the limit of {runtime.max_body_bytes} bytes")
+    body = _read_review_body(runtime, request.environ.get("gunicorn.socket"))
+    if isinstance(body, Response):
+        return body
     try:
         review = parse_review(body)
     except ReviewError as exc:
