@@ -126,9 +126,11 @@ def test_a_justification_set_in_a_hurried_write_is_put_back() -> None:
     assert "csinode-guard.io/justification" not in final["metadata"]["annotations"]
 
 
-def test_the_budget_is_at_most_a_quarter_of_the_apiservers_timeout() -> None:
+def test_the_budget_is_at_most_40_percent_of_the_apiservers_timeout() -> None:
     assert answer_budget(1.0, 5.0) == 1.0
-    assert answer_budget(1.0, 2.0) == 0.5
+    assert answer_budget(2.0, 5.0) == 2.0
+    assert answer_budget(3.0, 5.0) == 2.0
+    assert answer_budget(1.0, 2.0) == 0.8
     assert answer_budget(3.0, None) == 3.0
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.k8s.controlplane import KUBELET_VERSION, ControlPlane, counts, fast_policy, unique, wait_until
+from tests.k8s.test_node_history import ensure_namespace, retained_count
 from webhook.admission.label_provenance import PROVENANCE_ANNOTATION
 
 EBS = "ebs.csi.aws.com"
@@ -87,12 +88,18 @@ def test_attack_3_a_node_that_creates_its_own_node_with_a_big_instance_type_stay
 def test_attack_2_a_node_that_relabels_itself_and_recreates_its_csinode_stays_at_27(
     control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
 ) -> None:
+    """The re-registration is judged from the node's history (written by the audit leader, whose Lease and records
+    live in the guard's namespace): from 20, past minInterval (a re-registration within it is paced at 20 by
+    change-rate), at most the unknown-type ceiling 27 whatever label the node set itself."""
     cp = control_plane
+    ensure_namespace(cp)
     guard_factory(fast_policy(tmp_path / "fast.yaml", "2s"))
     node = unique("recreated")
     cp.create_node(node, {})
     install(cp, node, 20)
     assert stored(cp, node) == 20
+    wait_until(lambda: retained_count(cp, node) == 20, what=f"the history record of {node}")
+    time.sleep(2.2)  # past minInterval since the registration at 20
     node_kubeconfig = cp.node_kubeconfig(node)
     cp.kubectl("label", "node", node, "--overwrite", f"{TYPE}=c7i.48xlarge", kubeconfig=node_kubeconfig)
     recorded(cp, node, {HOSTNAME: node})  # the admin's hostname label, not the node's instance type

@@ -54,10 +54,10 @@ def _env(name: str) -> str:
               help="Threads per worker.")
 @click.option("--max-body-bytes", default=3 * 1024 * 1024, show_default=True, type=click.IntRange(1024),
               envvar=_env("MAX_BODY_BYTES"), help="Larger AdmissionReview bodies get 413.")
-@click.option("--answer-budget", default=1.0, show_default=True, type=click.FloatRange(0),
+@click.option("--answer-budget", default=2.0, show_default=True, type=click.FloatRange(0),
               envvar=_env("ANSWER_BUDGET"), help="Seconds from a review's first byte within which it is judged in "
               "full; past them the answer is the ceilings for registrations and the stored count for increases "
-              "(never more than a quarter of the apiserver's timeout; 0: always that answer, for tests).")
+              "(never more than 40 % of the apiserver's timeout; 0: always that answer, for tests).")
 @click.option("--connection-max-age", default=60.0, show_default=True, type=click.FloatRange(0),
               envvar=_env("CONNECTION_MAX_AGE"), help="Seconds before a keep-alive connection is closed after "
               "its next response (spreads the apiserver's connections over workers; 0 disables).")

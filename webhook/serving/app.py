@@ -86,9 +86,10 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-BUDGET_SHARE_OF_TIMEOUT = 0.25
-"""The share of the apiserver's ``timeout`` the evaluation may use at most: the rest is for what comes after it
-(the audit record, encoding and sending the answer) and for what came before the worker saw the request."""
+BUDGET_SHARE_OF_TIMEOUT = 0.4
+"""The share of the apiserver's ``timeout`` the evaluation may use at most (2 s of the registered 5): the rest is
+for what comes after it (the audit record, encoding and sending the answer, 3 s) and for what came before the
+worker saw the request. A budget much shorter than that turns a merely busy guard's answers into hurried ones."""
 
 
 def answer_budget(configured: float, timeout: float | None) -> float:
@@ -112,7 +113,7 @@ class Runtime:
     audit: AuditWriter
     max_body_bytes: int = 3 * 1024 * 1024
     connection_max_age: float = 60.0
-    answer_budget: float = 1.0
+    answer_budget: float = 2.0
     """Seconds from a review's first byte within which it is judged in full (:func:`answer_budget`)."""
     clock: Callable[[], datetime] = _utcnow
     readiness: Callable[[], tuple[bool, str]] = lambda: (True, "offline")

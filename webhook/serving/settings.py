@@ -51,10 +51,10 @@ class Settings:
     apiserver's few long-lived connections keep spreading over the worker processes."""
     max_body_bytes: int = 3 * 1024 * 1024
     """Largest accepted AdmissionReview body; larger ones get 413 without being read."""
-    answer_budget: float = 1.0
+    answer_budget: float = 2.0
     """Seconds, from the first byte of a request, within which the guard judges it in full; past them it answers
-    with what it already knows to be safe (:mod:`webhook.admission.evaluation.hurried`). Never more than a
-    quarter of the apiserver's ``timeout`` (the registered ``timeoutSeconds``, 5 s)."""
+    with what it already knows to be safe (:mod:`webhook.admission.evaluation.hurried`). Never more than 40 % of
+    the apiserver's ``timeout`` (the registered ``timeoutSeconds``, 5 s)."""
     request_timeout: float = 30.0
     """Seconds a worker may take per request before gunicorn restarts it."""
     kubeconfig: str | None = None
