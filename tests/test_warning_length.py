@@ -17,21 +17,30 @@ ADVICE = "fix the driver's volume limit (e.g. --volume-attach-limit), or raise t
 
 def test_a_warning_that_fits_is_left_as_it_is() -> None:
     line = f"[count-ceiling] node-a/ebs.csi.aws.com: 25 -> 39 (clamped to 27): above the ceiling 27; {ADVICE}"
-    assert warning_line(line, ADVICE) == line
+    assert warning_line(line, "above the ceiling 27", ADVICE) == line
 
 
 def test_a_long_warning_shortens_its_reason_and_keeps_its_advice_whole() -> None:
-    line = f"[count-ceiling] {'n' * 180}/ebs.csi.aws.com: 25 -> 39 (clamped to 27): above the ceiling 27; {ADVICE}"
-    fitted = warning_line(line, ADVICE)
-    assert len(fitted) <= MAX_WARNING_LENGTH
+    why = "above the ceiling 27 (ceiling for node.kubernetes.io/instance-type=m6i.large, the EBS profile's table)"
+    line = f"[count-ceiling] node-a/ebs.csi.aws.com: 25 -> 39 (clamped to 27): {why}; {ADVICE}"
+    fitted = warning_line(line, why, ADVICE)
+    assert len(line) > MAX_WARNING_LENGTH >= len(fitted)
+    assert fitted.startswith("[count-ceiling] node-a/ebs.csi.aws.com: 25 -> 39 (clamped to 27): above the ceiling 27")
     assert fitted.endswith("...; " + ADVICE)
     assert fitted.index(ADVICE) <= ADVICE_WITHIN
-    assert fitted.startswith("[count-ceiling] nnn")
+
+
+def test_the_rule_node_driver_and_change_are_never_cut() -> None:
+    """A long advice leaves no room for the reason: the reason goes, never where the change happened."""
+    advice = "a" * 180
+    line = f"[change-rate] node-a/ebs.csi.aws.com: 23 -> 24 (clamped to 23): too soon after the last change; {advice}"
+    fitted = warning_line(line, "too soon after the last change", advice)
+    assert fitted.startswith("[change-rate] node-a/ebs.csi.aws.com: 23 -> 24 (clamped to 23): ")
 
 
 def test_a_node_with_a_long_name_gets_the_advice_in_its_clamp_warning(tmp_path: Path) -> None:
-    """Node names go up to 253 characters: the clamp warning of such a node still says what to do."""
-    node = "ip-10-0-1-23." + "x" * 180 + ".internal"
+    """A node with a long name (82 characters here): its clamp warning keeps the node, the change and what to do."""
+    node = "ip-10-0-1-23." + "x" * 60 + ".internal"
     review = json.loads(REVIEW.read_text("utf-8"))
     request = review["request"]
     request["name"] = node
@@ -47,6 +56,6 @@ def test_a_node_with_a_long_name_gets_the_advice_in_its_clamp_warning(tmp_path: 
     response = json.loads(result.stdout)["response"]
     (warning,) = response["warnings"]
     assert len(warning) <= MAX_WARNING_LENGTH
-    assert warning.startswith(f"[count-ceiling] ip-10-0-1-23.{'x' * 20}")
+    assert warning.startswith(f"[count-ceiling] {node}/ebs.csi.aws.com: 25 -> 39 (clamped to 27): ")
     assert warning.endswith("...; " + ADVICE), warning
     assert warning.index(ADVICE) <= ADVICE_WITHIN

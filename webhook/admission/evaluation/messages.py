@@ -57,7 +57,7 @@ def merged_line(node: str, group: Sequence[Finding], suffix: str = "", *, warnin
     why = "; ".join(dict.fromkeys(f.violation.why for f in group))
     proceed = "; ".join(dict.fromkeys(f.violation.proceed for f in group))
     line = finding_line(node, first.change, first.violation._replace(why=why, proceed=proceed), suffix)
-    return warning_line(line, proceed) if warning else line
+    return warning_line(line, why, proceed) if warning else line
 
 
 def denial_lines(node: str, denied: Sequence[Finding], findings: Sequence[Finding],
@@ -100,10 +100,12 @@ def admitted_lines(node: str, changes: Sequence[CountChange], findings: Sequence
             several = len(clamping[f.change.driver]) > 1  # each line then says what its own rule allows
             suffix = (f" (this rule allows {format_count(f.violation.clamp_to)})" if several
                       else f" (clamped to {format_count(final)})")
-            warnings.append(warning_line(finding_line(node, f.change, f.violation, suffix), f.violation.proceed))
+            warnings.append(warning_line(finding_line(node, f.change, f.violation, suffix), f.violation.why,
+                                         f.violation.proceed))
         elif f.effective is EnforcementAction.WARN:
             if decision is Decision.ALLOW:
                 decision = Decision.WARN
-            warnings.append(warning_line(finding_line(node, f.change, f.violation), f.violation.proceed))
+            warnings.append(warning_line(finding_line(node, f.change, f.violation), f.violation.why,
+                                         f.violation.proceed))
     warnings.extend(clamp_results(node, changes, finals, clamping))
     return decision, warnings

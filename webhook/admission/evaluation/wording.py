@@ -45,20 +45,20 @@ ADVICE_WITHIN = 200
 but some front ends show only the start of a line)."""
 
 
-def warning_line(line: str, advice: str, limit: int = MAX_WARNING_LENGTH) -> str:
-    """``line`` (``...: why; advice``, one :func:`finding_line`) as an AdmissionResponse warning of at most ``limit``
-    characters that keeps ``advice`` whole: a line that fits is returned as it is; a longer one has the reason
-    before the advice shortened (``...``) so that the advice starts within :data:`ADVICE_WITHIN` characters. The
-    whole reason stays in the audit record and the denial message, which have no such limit. Only an advice
-    longer than the limit itself is cut, at its end (by :func:`webhook.admission.review.clean_warning`)."""
-    line = " ".join(line.split())
-    advice = " ".join(advice.split())
-    if len(line) <= limit or not line.endswith("; " + advice):
+def warning_line(line: str, why: str, advice: str, limit: int = MAX_WARNING_LENGTH) -> str:
+    """``line`` (``[rule] where: why; advice``, one :func:`finding_line`) as an AdmissionResponse warning of at most
+    ``limit`` characters: a line that fits is returned as it is; a longer one keeps ``[rule] where:`` (the rule,
+    node, driver and change) and the advice whole and shortens the reason between them (``...``), so that the
+    advice starts within :data:`ADVICE_WITHIN` characters where the two leave room for it. The whole reason stays
+    in the audit record and the denial message, which have no such limit. An advice too long to fit is cut at its
+    end (by :func:`webhook.admission.review.clean_warning`)."""
+    line, why, advice = (" ".join(t.split()) for t in (line, why, advice))
+    tail = f": {why}; {advice}"
+    if len(line) <= limit or not line.endswith(tail):
         return line
-    head = line[: len(line) - len(advice) - 2]
-    # An advice of over 200 characters: keep the rule and the change (40), then as much advice as fits.
-    room = max(min(ADVICE_WITHIN, limit - len(advice)) - len("...; "), 40)
-    return f"{head[:room].rstrip()}...; {advice}"
+    prefix = line[: len(line) - len(tail)] + ": "
+    room = min(ADVICE_WITHIN, limit - len(advice)) - len(prefix) - len("...; ")
+    return f"{prefix}{why[:max(room, 0)].rstrip()}...; {advice}"
 
 
 
