@@ -83,6 +83,16 @@ class GenerationLedger:
         self.path = path
         self._entries: list[tuple[int, str]] = []
         self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def _locked(self) -> threading.Lock:
+        """The ledger's thread lock, made anew in a forked process: the parent's may have been held, at the fork,
+        by one of its threads (the master reloads the policy while gunicorn forks workers), and no thread of the
+        child would ever release it."""
+        if os.getpid() != self._pid:
+            self._lock = threading.Lock()
+            self._pid = os.getpid()
+        return self._lock
 
     @classmethod
     def for_policy(cls, policy_path: Path | None) -> GenerationLedger:
@@ -109,7 +119,7 @@ class GenerationLedger:
 
     def generation_for(self, policy_hash: str) -> int:
         """The generation of the policy with ``policy_hash``, recording a new one when it is not the latest."""
-        with self._lock:
+        with self._locked():
             if self.path is None:
                 return self._next(self._entries, policy_hash)
             try:

@@ -15,6 +15,7 @@ generation numbers as the workers) and reports, per replica:
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -32,10 +33,18 @@ class PolicyCollector:
         self.store: PolicyStore | None = None
         self._reloads = dict.fromkeys(RELOAD_RESULTS, 0)
         self._lock = threading.Lock()
+        self._pid = os.getpid()
+
+    def _locked(self) -> threading.Lock:
+        """The thread lock, made anew in a forked process (the parent's may have been held at the fork)."""
+        if os.getpid() != self._pid:
+            self._lock = threading.Lock()
+            self._pid = os.getpid()
+        return self._lock
 
     def on_reload(self, result: str, _snapshot: PolicySnapshot) -> None:
         """Count one reload attempt with ``result`` (success|invalid)."""
-        with self._lock:
+        with self._locked():
             self._reloads[result] = self._reloads.get(result, 0) + 1
 
     def collect(self) -> Iterator[Any]:
@@ -56,7 +65,7 @@ class PolicyCollector:
         reloads = CounterMetricFamily("csinode_guard_policy_reloads",
                                       "Policy reload attempts of this replica by result (success|invalid).",
                                       labels=["result"])
-        with self._lock:
+        with self._locked():
             for result, count in self._reloads.items():
                 reloads.add_metric([result], count)
         yield reloads
