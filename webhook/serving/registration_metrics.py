@@ -9,6 +9,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge
 
 from webhook.kube.one_call import VALIDATION_MODES
+from webhook.kube.watch.metrics import fork_safe
 
 VALIDATION_MODE = Gauge(
     "csinode_guard_validation_mode",
@@ -27,7 +28,8 @@ VALIDATION_MODE_SWITCHES = Counter(
 
 def record_mode(mode: str, switched: bool) -> None:
     """Set :data:`VALIDATION_MODE` to ``mode`` (``webhook`` or ``cel``); count a switch when ``switched``."""
-    for known in VALIDATION_MODES:
-        VALIDATION_MODE.labels(mode=known).set(1 if known == mode else 0)
-    if switched:
-        VALIDATION_MODE_SWITCHES.labels(mode=mode).inc()
+    with fork_safe():  # set in the gunicorn master's caBundle keeper thread
+        for known in VALIDATION_MODES:
+            VALIDATION_MODE.labels(mode=known).set(1 if known == mode else 0)
+        if switched:
+            VALIDATION_MODE_SWITCHES.labels(mode=mode).inc()

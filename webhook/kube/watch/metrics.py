@@ -11,7 +11,42 @@ gunicorn master's watch of the GuardPolicy it serves: webhook/serving/cluster_po
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
 from prometheus_client import Counter, Gauge, Histogram
+
+_fork_guard = threading.Lock()
+
+
+def _reinit_fork_guard() -> None:
+    global _fork_guard  # noqa: PLW0603 - the child's one and only copy, made anew
+    _fork_guard = threading.Lock()
+
+
+# prometheus_client's multiprocess values share one module lock and presume no threads ("we presume this means
+# there is no threading going on"); the gunicorn master has threads that update metrics (its GuardPolicy watch,
+# the caBundle keeper) while it forks workers. A fork while one of them holds that lock leaves the worker with a
+# lock no thread will release: its first metric update hangs for good. The master's updates go through
+# fork_safe(), and a fork waits until none is under way.
+def _hold_fork_guard() -> None:
+    _fork_guard.acquire()  # the current global: a child has its own, made anew
+
+
+def _release_fork_guard() -> None:
+    _fork_guard.release()
+
+
+os.register_at_fork(before=_hold_fork_guard, after_in_parent=_release_fork_guard, after_in_child=_reinit_fork_guard)
+
+
+@contextlib.contextmanager
+def fork_safe() -> Iterator[None]:
+    """Hold off :func:`os.fork` while the block updates a metric (see above); cheap and uncontended otherwise."""
+    with _fork_guard:
+        yield
 
 CACHE_SYNCED = Gauge(
     "csinode_guard_cache_synced",

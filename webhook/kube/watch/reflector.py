@@ -52,6 +52,11 @@ class Reflector(Generic[R]):
     """Keeps ``store`` equal to the collection behind ``client``; ``parse`` turns an object into its record
     (None: do not keep the object, e.g. a pod no DaemonSet controls)."""
 
+    def _count_restart(self, reason: str) -> None:
+        """``csinode_guard_watch_restarts_total{kind,reason}`` + 1 (the reflector may run in gunicorn's master)."""
+        with metrics.fork_safe():
+            metrics.WATCH_RESTARTS.labels(self.kind, reason).inc()
+
     def __init__(
         self,
         kind: str,
@@ -139,7 +144,7 @@ class Reflector(Generic[R]):
                 received = self._watch()
                 if self._stop.is_set():
                     break
-                metrics.WATCH_RESTARTS.labels(self.kind, "closed").inc()
+                self._count_restart("closed")
                 self._mark_down()
                 # A watch the server closes at once, again and again (a misbehaving proxy), must not spin.
                 if received or time.monotonic() - opened >= 1.0:
@@ -147,7 +152,7 @@ class Reflector(Generic[R]):
                     continue
                 failures += 1
             except GoneError as exc:
-                metrics.WATCH_RESTARTS.labels(self.kind, "gone").inc()
+                self._count_restart("gone")
                 log.info("watch %s: %s; re-listing", self.name, exc)
                 self._resource_version = None
                 self._mark_down()
@@ -155,24 +160,24 @@ class Reflector(Generic[R]):
                 if failures == 1:
                     continue  # re-list at once, like client-go; back off only when 410s repeat
             except ApiStatusError as exc:
-                metrics.WATCH_RESTARTS.labels(self.kind, "error").inc()
+                self._count_restart("error")
                 log.warning("watch %s: API error %s; retrying", self.name, exc)
                 self._mark_down()
                 failures += 1
             except WatchDecodeError as exc:
-                metrics.WATCH_RESTARTS.labels(self.kind, "decode").inc()
+                self._count_restart("decode")
                 log.warning("watch %s: %s; restarting the watch", self.name, exc)
                 self._mark_down()
                 failures += 1
             except _CONNECTION_ERRORS as exc:
                 if self._stop.is_set():
                     break
-                metrics.WATCH_RESTARTS.labels(self.kind, "dropped").inc()
+                self._count_restart("dropped")
                 log.info("watch %s: connection lost (%s: %s); reconnecting", self.name, type(exc).__name__, exc)
                 self._mark_down()
                 failures += 1
             except Exception:
-                metrics.WATCH_RESTARTS.labels(self.kind, "error").inc()
+                self._count_restart("error")
                 log.exception("watch %s: unexpected error; retrying", self.name)
                 self._mark_down()
                 failures += 1
