@@ -46,7 +46,9 @@ def test_the_kubelet_story_ends_in_the_counts_stored_in_etcd(
     control_plane: ControlPlane, guard_factory: Any, tmp_path: Path
 ) -> None:
     cp = control_plane
-    guard: Guard = guard_factory(fast_policy(tmp_path / "policy.yaml", reporter=ADMIN_USER))
+    # minInterval 10 s: long enough that the increase right after the decrease is inside it on a loaded machine
+    # (with 2 s, the steps between them took 2.2 s once under a full suite), short enough to wait out twice.
+    guard: Guard = guard_factory(fast_policy(tmp_path / "policy.yaml", "10s", reporter=ADMIN_USER))
     node = unique("story")
     cp.create_node(node)
     cp.kubelet(node, "init")
@@ -87,7 +89,7 @@ def test_the_kubelet_story_ends_in_the_counts_stored_in_etcd(
 
     # After the period, a report of 39 (no such EBS limit on an unlabelled node: 27) is clamped to 27 by the
     # guard's patch, which the apiserver applies; the validating webhook sees the final 27.
-    time.sleep(2.1)
+    time.sleep(10.1)  # past minInterval
     clamped = cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "39")
     assert "OK update" in clamped.stdout
     stored = cp.get_csinode(node)
@@ -103,7 +105,7 @@ def test_the_kubelet_story_ends_in_the_counts_stored_in_etcd(
     # The PUT is a no-op for the apiserver: the guard also puts back kubelet's managed fields (which the
     # apiserver took from kubelet's request, without allocatable), so nothing is written and the
     # resourceVersion stays.
-    time.sleep(2.1)
+    time.sleep(10.1)  # past minInterval
     unbounded = cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "0")
     assert f"Warning: [count-ceiling] {node}/{EBS}: 27 -> unbounded (clamped to 27)" in unbounded.stderr
     after = cp.get_csinode(node)
