@@ -78,7 +78,7 @@ def _ceiling_message(label: str) -> str:
     source = "; the cloud provider sets it on a new Node" if label in INSTANCE_TYPE_LABELS else ""
     return (f"ceiling label {label} can be set by the node's own kubelet on its own Node, as NodeRestriction "
             f"allows{source}: the guard uses its value only when an identity other than the node set it (the "
-            f"csinode-guard-nodes entry records who did; a value set while it was not called counts as the node's) and "
+            f"csinode-guard-nodes entry records who did; a Node it never observed keeps the labels it had) and "
             f"pins the ceiling it selected, so the node can lower that ceiling, never raise it -- the label is pinned, "
             f"not trusted; a label under {NODE_RESTRICTION_NAMESPACE}/ is one the kubelet cannot set: recommended")
 
