@@ -79,3 +79,16 @@ def template(helm: str, *values: str, namespace: str = "csinode-guard", release:
     helm's own flags (``--set``, ``--set-file``, ``-f``)."""
     out = run_helm(helm, "template", release, str(CHART), "-n", namespace, *values).stdout
     return [doc for doc in yaml.safe_load_all(out) if doc is not None]
+
+
+def require_helm() -> str:
+    """:func:`helm_binary` for a fixture: the test is skipped when helm is absent, and fails instead with
+    ``CSINODE_GUARD_REQUIRE_K8S=1`` (as CI sets it)."""
+    import pytest  # noqa: PLC0415 - only fixtures call this
+
+    try:
+        return helm_binary()
+    except HelmUnavailable as exc:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"helm unavailable: {exc} ({REQUIRE_ENV}=1)", pytrace=False)
+        pytest.skip(f"helm unavailable: {exc}")

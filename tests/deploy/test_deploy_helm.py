@@ -14,7 +14,6 @@ A failure names the object (kind, namespace/name) and the field path where the t
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 import yaml
 from deploy_helpers import DEPLOY, REPO, Objects, kustomize
 
-from tests.helm import CHART, REQUIRE_ENV, HelmUnavailable, helm_binary, run_helm, template
+from tests.helm import CHART, require_helm, run_helm, template
 
 HELM_LABELS = ("helm.sh/chart", "app.kubernetes.io/managed-by")
 UNLABELLED = ("CustomResourceDefinition", "GuardPolicy")
@@ -52,12 +51,7 @@ Key = tuple[str, str, str]
 @pytest.fixture(scope="session")
 def helm() -> str:
     """The helm binary (tests/helm.py): skipped when absent, a failure with CSINODE_GUARD_REQUIRE_K8S=1."""
-    try:
-        return helm_binary()
-    except HelmUnavailable as exc:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"helm unavailable: {exc} ({REQUIRE_ENV}=1)", pytrace=False)
-        pytest.skip(f"helm unavailable: {exc}")
+    return require_helm()
 
 
 @pytest.fixture(scope="session")

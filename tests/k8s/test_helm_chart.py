@@ -11,12 +11,11 @@ namespace are then applied for real and read back. Cluster-scoped objects stay a
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 import pytest
 
-from tests.helm import REQUIRE_ENV, HelmUnavailable, helm_binary, template
+from tests.helm import require_helm, template
 from tests.k8s.controlplane import ControlPlane, unique
 
 CRD_GROUPS = ("cert-manager.io/", "monitoring.coreos.com/", "csinode-guard.io/")
@@ -26,12 +25,7 @@ CRD_GROUPS = ("cert-manager.io/", "monitoring.coreos.com/", "csinode-guard.io/")
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    try:
-        return helm_binary()
-    except HelmUnavailable as exc:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"helm unavailable: {exc} ({REQUIRE_ENV}=1)", pytrace=False)
-        pytest.skip(f"helm unavailable: {exc}")
+    return require_helm()
 
 
 def _as_list(objects: list[dict[str, Any]]) -> str:
