@@ -42,6 +42,7 @@ from tests.k8s.controlplane import (
 from tests.k8s.prometheus import Prometheus, prometheus_binary
 
 UNAVAILABLE = "real Kubernetes control plane unavailable"
+GUARD_NAMESPACE = "csinode-guard"  # serve's default --lease-namespace
 
 
 @pytest.hookimpl(wrapper=True)
@@ -69,6 +70,10 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlP
     cluster = ControlPlane(tmp_path_factory.mktemp("k8s") / "cluster", cluster_sh, start_env)
     cluster.start()
     try:
+        # The guard's own namespace exists wherever it is installed: its audit Lease, history records and Events
+        # live there. Present from the start, so that no test's outcome depends on whether an earlier test in
+        # this worker created it (the audit leader writes history records only where it can).
+        cluster.kubectl("create", "namespace", GUARD_NAMESPACE)
         yield cluster
     finally:
         cluster.stop()
