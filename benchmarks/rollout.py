@@ -27,6 +27,8 @@ Configurations, in rotating order inside every round:
   three ``serve --reuse-port`` processes listen on one loopback port and the kernel spreads the connections. They
   share the serving certificate, the state key, the policy and the audit Lease (one of them is the audit leader);
   each has its own audit log. Only the guards of the configuration being measured run (the others are stopped).
+  The audit Lease's namespace (``csinode-guard``) is created, so one guard process of the running ones is the audit
+  leader, as in a cluster.
 
 Reported per configuration and pace: the rollout's wall time; PUT p50/p99 (the write: admission and etcd); failed
 writes; writes the apiserver let through by failing open (its log's "failing open" lines during the rollout); the
@@ -95,6 +97,11 @@ GUARD_MODES = GUARD_CONFIGS
 REPLICATED = {"guard-cel-3": "guard-cel", "guard-3": "guard"}
 """The three-replica configurations and the registration each uses."""
 REPLICAS = 3
+PORT_ATTEMPTS = 3
+"""Tries at starting the replicas on newly chosen ports when one was taken meanwhile."""
+LEASE_NAMESPACE = "csinode-guard"
+"""The namespace of the guards' audit Lease (``serve --lease-namespace``' default), created here: without it no
+replica becomes the audit leader."""
 CSINODES = "/apis/storage.k8s.io/v1/csinodes"
 
 
@@ -142,6 +149,8 @@ class Rollout:
     guard_cpu_s: float | None = None
     guard_rss_mb: float | None = None
     apiserver_cpu_s: float = 0.0
+    records: list[int] = field(default_factory=list)
+    """Audit records each running guard process wrote during the rollout (how the calls spread over replicas)."""
 
 
 def _impersonating(name: str) -> dict[str, str]:
@@ -237,6 +246,7 @@ def measure(cp: ControlPlane, guards: list[Guard], admin: NodeClient, names: lis
     window = max(1, len(names) * pace // 100)
     kas_pid = int(cp.env["KAS_PID"])
     sessions = _guard_sessions(guards)
+    records_before = [_lines(g.decisions_log) for g in guards]
     guard_before = _cpu_seconds(sessions)
     kas_before, open_before = _proc_cpu_seconds(kas_pid), _failing_open(cp)
     roll(admin, names, window, result)
@@ -245,12 +255,26 @@ def measure(cp: ControlPlane, guards: list[Guard], admin: NodeClient, names: lis
     if sessions:
         result.guard_cpu_s = _cpu_seconds(sessions) - guard_before
         result.guard_rss_mb = _rss_mb([p for sid in sessions for p in _session_pids(sid)])
+    result.records = [_lines(g.decisions_log) - n for g, n in zip(guards, records_before, strict=True)]
     return result
 
 
-def _synced(guard: Guard) -> bool:
-    """Whether every worker of ``guard`` has logged its CSINode cache synced."""
-    return guard.log.exists() and guard.log.read_text().count("cache csinodes synced") >= guard.workers
+def _lines(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with path.open("rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+def _alive(guard: Guard) -> bool:
+    return guard.process is not None and guard.process.poll() is None
+
+
+def _synced(guard: Guard, offset: int) -> bool:
+    """Whether every worker of ``guard`` has logged its CSINode cache synced after byte ``offset`` of its log."""
+    with guard.log.open("rb") as log:
+        log.seek(offset)
+        return log.read().count(b"cache csinodes synced") >= guard.workers
 
 
 class Guards:
@@ -278,13 +302,31 @@ class Guards:
         for guard in [self.single, *self.replicas]:
             if guard not in wanted:
                 guard.close()  # unregistered (when it is) and stopped
+        if wanted is self.replicas and not any(_alive(g) for g in self.replicas):
+            for attempt in range(PORT_ATTEMPTS):  # the ports are chosen as late as possible: others' servers bind too
+                shared = free_port()
+                try:
+                    for replica in self.replicas:
+                        replica.port, replica.metrics_port = shared, free_port()
+                        self._start(replica)
+                    break
+                except RuntimeError as exc:
+                    if "is not free" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
+                        raise
+                    for replica in self.replicas:
+                        replica.stop()
         for guard in wanted:
-            if guard.process is None or guard.process.poll() is not None:
-                guard.start()
-                # /readyz may have been answered by a replica already running on the shared port: wait for this
-                # one's own workers to have synced their CSINode caches.
-                wait_until(partial(_synced, guard), timeout=120, what=f"{guard.name} synced")
+            if not _alive(guard):
+                self._start(guard)
         return wanted
+
+    @staticmethod
+    def _start(guard: Guard) -> None:
+        offset = guard.log.stat().st_size if guard.log.exists() else 0
+        guard.start()
+        # /readyz may have been answered by a replica already running on the shared port: wait for this one's own
+        # workers to have synced their CSINode caches.
+        wait_until(partial(_synced, guard, offset), timeout=120, what=f"{guard.name} synced")
 
     def switch(self, hooks: Webhooks, config: str) -> list[Guard]:
         """Make ``config`` the only registered configuration (the replicas register under the first one's name)
@@ -307,7 +349,7 @@ def report(results: list[Rollout], nodes: int) -> dict[str, Any]:
         row = {"wall_s": r.seconds, "writes": len(r.put_ms), "put_p50_ms": percentile(r.put_ms, 0.5),
                "put_p99_ms": percentile(r.put_ms, 0.99), "failed": sum(r.failures.values()),
                "failures": r.failures, "failed_open": r.failed_open, "guard_cpu_s": r.guard_cpu_s,
-               "guard_rss_mb": r.guard_rss_mb, "apiserver_cpu_s": r.apiserver_cpu_s}
+               "guard_rss_mb": r.guard_rss_mb, "apiserver_cpu_s": r.apiserver_cpu_s, "records": r.records}
         out.setdefault(str(r.pace), {}).setdefault(r.config, []).append(row)
         cpu = "" if r.guard_cpu_s is None else f"{r.guard_cpu_s:.1f}"
         rss = "" if r.guard_rss_mb is None else f"{r.guard_rss_mb:.0f}"
@@ -357,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             rate["clusterBudget"] = {"increasesPerSecond": 1_000_000, "burst": 1_000_000}
 
         policy = policy_file(work / "policy.yaml", open_up)
+        cp.kubectl("create", "namespace", LEASE_NAMESPACE)
         extra_env: dict[str, str] = {}
         if args.profile is not None:
             extra_env = profile_env(args.profile, work)
@@ -377,9 +420,10 @@ def main(argv: list[str] | None = None) -> int:
                     running = guards.switch(hooks, config)
                     result = measure(cp, running, admin, names, config, pace)
                     results.append(result)
+                    spread = f", audit records per guard process {result.records}" if result.records else ""
                     print(f"round {round_no + 1} {config:10} {pace:3d} %: {result.seconds:6.1f} s, p50 "
                           f"{percentile(result.put_ms, 0.5):6.1f} ms, p99 {percentile(result.put_ms, 0.99):6.1f} ms,"
-                          f" failed {sum(result.failures.values())}, failed open {result.failed_open}",
+                          f" failed {sum(result.failures.values())}, failed open {result.failed_open}{spread}",
                           file=sys.stderr)
         guards.switch(hooks, "none")
     load_end = uptime()
