@@ -1,7 +1,7 @@
 """A CSI driver DaemonSet rollout across many nodes, through the real kube-apiserver, with and without the guard.
 
-``python -m benchmarks.rollout [--nodes 1000] [--paces 10,25] [--configs none,go1,go2,guard-cel,guard]
-[--rounds 1] [--json FILE]``
+``python -m benchmarks.rollout [--nodes 1000] [--paces 10,25]
+[--configs none,go1,go2,guard-cel,guard,guard-cel-3,guard-3] [--rounds 1] [--json FILE] [--profile DIR]``
 
 Every node plugin restart makes kubelet remove the driver from its CSINode and register it again (docs/
 registration.md): two CSINode writes per node, GET then PUT each, as kubelet's ``nodeinfomanager`` does them. A
@@ -21,11 +21,20 @@ Configurations, in rotating order inside every round:
   (the floor of one call) / mutating and validating (two calls);
 - ``guard-cel``: the guard (``serve``, default workers) registered with ``register --validation cel`` (one call:
   what ``auto`` registers where no other mutator matches CSINodes);
-- ``guard``: the same guard with ``--validation webhook`` (two calls).
+- ``guard``: the same guard with ``--validation webhook`` (two calls);
+- ``guard-cel-3`` / ``guard-3``: three replicas of the guard behind one address, one call / two calls. In a
+  cluster they are three pods behind a Service (kube-proxy spreads the apiserver's connections over them); here
+  three ``serve --reuse-port`` processes listen on one loopback port and the kernel spreads the connections. They
+  share the serving certificate, the state key, the policy and the audit Lease (one of them is the audit leader);
+  each has its own audit log. Only the guards of the configuration being measured run (the others are stopped).
+  The audit Lease's namespace (``csinode-guard``) is created, so one guard process of the running ones is the audit
+  leader, as in a cluster.
 
 Reported per configuration and pace: the rollout's wall time; PUT p50/p99 (the write: admission and etcd); failed
 writes; writes the apiserver let through by failing open (its log's "failing open" lines during the rollout); the
-guard's CPU seconds and RSS (every process of its session, from /proc); the apiserver's CPU seconds. The exit code
+guard's CPU seconds and RSS (every process of its sessions, from /proc; the sum over the replicas); the
+apiserver's CPU seconds. ``--profile DIR`` also profiles the guard's request threads on their CPU clock
+(:mod:`benchmarks.guard_profile`; it slows them down: not for the figures). The exit code
 is 0 whatever is measured; ``uptime``'s load average is printed at the start and the end: compare ratios inside one
 run, on an idle machine.
 """
@@ -43,6 +52,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,20 +68,40 @@ from benchmarks.apiserver import (
     switch,
     uptime,
 )
-from tests.k8s.controlplane import ControlPlane, policy_file, running_control_plane, running_guard
+from benchmarks.guard_profile import DIR_ENV
+from tests.k8s.controlplane import (
+    ControlPlane,
+    Guard,
+    policy_file,
+    running_control_plane,
+    running_guard,
+    unique,
+    wait_until,
+)
+from tests.ports import free_port
 
 EBS = "ebs.csi.aws.com"
 COUNT = 25
-CONFIGS = ("none", "go1", "go2", "guard-cel", "guard")
+CONFIGS = ("none", "go1", "go2", "guard-cel", "guard", "guard-cel-3", "guard-3")
 LABELS = {
     "none": "no webhook",
     "go1": "Go no-op, one call",
     "go2": "Go no-op, two calls",
     "guard-cel": "guard, one call (cel)",
     "guard": "guard, two calls (webhook)",
+    "guard-cel-3": "guard ×3, one call (cel)",
+    "guard-3": "guard ×3, two calls (webhook)",
 }
 GUARD_MODES = GUARD_CONFIGS
 """The guard's two registrations (``switch`` of :mod:`benchmarks.apiserver` registers them with these modes)."""
+REPLICATED = {"guard-cel-3": "guard-cel", "guard-3": "guard"}
+"""The three-replica configurations and the registration each uses."""
+REPLICAS = 3
+PORT_ATTEMPTS = 3
+"""Tries at starting the replicas on newly chosen ports when one was taken meanwhile."""
+LEASE_NAMESPACE = "csinode-guard"
+"""The namespace of the guards' audit Lease (``serve --lease-namespace``' default), created here: without it no
+replica becomes the audit leader."""
 CSINODES = "/apis/storage.k8s.io/v1/csinodes"
 
 
@@ -119,6 +149,8 @@ class Rollout:
     guard_cpu_s: float | None = None
     guard_rss_mb: float | None = None
     apiserver_cpu_s: float = 0.0
+    records: list[int] = field(default_factory=list)
+    """Audit records each running guard process wrote during the rollout (how the calls spread over replicas)."""
 
 
 def _impersonating(name: str) -> dict[str, str]:
@@ -197,24 +229,114 @@ def create_nodes(cp: ControlPlane, names: list[str]) -> None:
         print(f"created {len(names)} {kind}s", file=sys.stderr)
 
 
-def measure(cp: ControlPlane, hooks: Webhooks, admin: NodeClient, names: list[str], config: str,
+def _guard_sessions(guards: list[Guard]) -> list[int]:
+    """The session ids of the running ``guards`` (each ``serve`` runs in a session of its own)."""
+    return [os.getsid(g.process.pid) for g in guards if g.process is not None and g.process.poll() is None]
+
+
+def _cpu_seconds(sessions: list[int]) -> float:
+    return sum(_proc_cpu_seconds(p) for sid in sessions for p in _session_pids(sid))
+
+
+def measure(cp: ControlPlane, guards: list[Guard], admin: NodeClient, names: list[str], config: str,
             pace: int) -> Rollout:
-    """One rollout of ``config`` (already switched to) at ``pace`` % of the nodes at a time."""
+    """One rollout of ``config`` (already switched to; ``guards`` are its running guard processes, none for the
+    others) at ``pace`` % of the nodes at a time."""
     result = Rollout(config, pace)
     window = max(1, len(names) * pace // 100)
     kas_pid = int(cp.env["KAS_PID"])
-    guard_process = hooks.guard.process
-    sid = os.getsid(guard_process.pid) if guard_process is not None and config in GUARD_MODES else None
-    guard_before = sum(_proc_cpu_seconds(p) for p in _session_pids(sid)) if sid else 0.0
+    sessions = _guard_sessions(guards)
+    records_before = [_lines(g.decisions_log) for g in guards]
+    guard_before = _cpu_seconds(sessions)
     kas_before, open_before = _proc_cpu_seconds(kas_pid), _failing_open(cp)
     roll(admin, names, window, result)
     result.apiserver_cpu_s = _proc_cpu_seconds(kas_pid) - kas_before
     result.failed_open = _failing_open(cp) - open_before
-    if sid:
-        pids = _session_pids(sid)
-        result.guard_cpu_s = sum(_proc_cpu_seconds(p) for p in pids) - guard_before
-        result.guard_rss_mb = _rss_mb(pids)
+    if sessions:
+        result.guard_cpu_s = _cpu_seconds(sessions) - guard_before
+        result.guard_rss_mb = _rss_mb([p for sid in sessions for p in _session_pids(sid)])
+    result.records = [_lines(g.decisions_log) - n for g, n in zip(guards, records_before, strict=True)]
     return result
+
+
+def _lines(path: Path) -> int:
+    if not path.exists():
+        return 0
+    with path.open("rb") as f:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: f.read(1 << 20), b""))
+
+
+def _alive(guard: Guard) -> bool:
+    return guard.process is not None and guard.process.poll() is None
+
+
+def _synced(guard: Guard, offset: int) -> bool:
+    """Whether every worker of ``guard`` has logged its CSINode cache synced after byte ``offset`` of its log."""
+    with guard.log.open("rb") as log:
+        log.seek(offset)
+        return log.read().count(b"cache csinodes synced") >= guard.workers
+
+
+class Guards:
+    """The one-replica guard and the three replicas behind one address; only those of the configuration being
+    measured run."""
+
+    def __init__(self, cp: ControlPlane, work: Path, policy: Path, stack: contextlib.ExitStack,
+                 extra_env: dict[str, str]) -> None:
+        self.cp = cp
+        self.single = stack.enter_context(running_guard(cp, work / "guard", policy, register=False,
+                                                        extra_env=extra_env))
+        port = free_port()
+        self.replicas = [
+            Guard(cp, work / f"replica-{i}", policy, unique("csinode-guard-x3"), extra_args=("--reuse-port",),
+                  extra_env=extra_env, port=port)
+            for i in range(REPLICAS)
+        ]
+        for replica in self.replicas:
+            replica.work.mkdir(parents=True, exist_ok=True)
+            stack.callback(replica.close)
+
+    def running(self, config: str) -> list[Guard]:
+        """Start the guards ``config`` is served by, stop the others; returns the started ones."""
+        wanted = self.replicas if config in REPLICATED else [self.single] if config in GUARD_MODES else []
+        for guard in [self.single, *self.replicas]:
+            if guard not in wanted:
+                guard.close()  # unregistered (when it is) and stopped
+        if wanted is self.replicas and not any(_alive(g) for g in self.replicas):
+            for attempt in range(PORT_ATTEMPTS):  # the ports are chosen as late as possible: others' servers bind too
+                shared = free_port()
+                try:
+                    for replica in self.replicas:
+                        replica.port, replica.metrics_port = shared, free_port()
+                        self._start(replica)
+                    break
+                except RuntimeError as exc:
+                    if "is not free" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
+                        raise
+                    for replica in self.replicas:
+                        replica.stop()
+        for guard in wanted:
+            if not _alive(guard):
+                self._start(guard)
+        return wanted
+
+    @staticmethod
+    def _start(guard: Guard) -> None:
+        offset = guard.log.stat().st_size if guard.log.exists() else 0
+        guard.start()
+        # /readyz may have been answered by a replica already running on the shared port: wait for this one's own
+        # workers to have synced their CSINode caches.
+        wait_until(partial(_synced, guard, offset), timeout=120, what=f"{guard.name} synced")
+
+    def switch(self, hooks: Webhooks, config: str) -> list[Guard]:
+        """Make ``config`` the only registered configuration (the replicas register under the first one's name)
+        and return its running guards."""
+        guards = self.running(config)
+        if config in REPLICATED:
+            switch(self.cp, Webhooks(self.replicas[0], hooks.go_url), REPLICATED[config])
+        else:
+            switch(self.cp, hooks, config)
+        return guards
 
 
 def report(results: list[Rollout], nodes: int) -> dict[str, Any]:
@@ -227,14 +349,14 @@ def report(results: list[Rollout], nodes: int) -> dict[str, Any]:
         row = {"wall_s": r.seconds, "writes": len(r.put_ms), "put_p50_ms": percentile(r.put_ms, 0.5),
                "put_p99_ms": percentile(r.put_ms, 0.99), "failed": sum(r.failures.values()),
                "failures": r.failures, "failed_open": r.failed_open, "guard_cpu_s": r.guard_cpu_s,
-               "guard_rss_mb": r.guard_rss_mb, "apiserver_cpu_s": r.apiserver_cpu_s}
+               "guard_rss_mb": r.guard_rss_mb, "apiserver_cpu_s": r.apiserver_cpu_s, "records": r.records}
         out.setdefault(str(r.pace), {}).setdefault(r.config, []).append(row)
         cpu = "" if r.guard_cpu_s is None else f"{r.guard_cpu_s:.1f}"
         rss = "" if r.guard_rss_mb is None else f"{r.guard_rss_mb:.0f}"
         print(f"| {r.pace} % | {LABELS[r.config]} | {r.seconds:.1f} | {len(r.put_ms)} | {row['put_p50_ms']:.1f} | "
               f"{row['put_p99_ms']:.1f} | {row['failed']} | {r.failed_open} | {cpu} | {rss} | "
               f"{r.apiserver_cpu_s:.1f} |")
-    floors = {"guard-cel": "go1", "guard": "go2"}  # each registration against the Go floor with its calls
+    floors = {"guard-cel": "go1", "guard": "go2", "guard-cel-3": "go1", "guard-3": "go2"}  # the same calls
     for pace, by_config in out.items():
         for config, floor_config in floors.items():
             if config not in by_config or floor_config not in by_config:
@@ -257,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--profile", type=Path, metavar="DIR",
+                        help="profile the guard's request threads into DIR (benchmarks.guard_profile)")
     args = parser.parse_args(argv)
     paces = [int(p) for p in args.paces.split(",")]
     configs = tuple(c.strip() for c in args.configs.split(","))
@@ -275,8 +399,12 @@ def main(argv: list[str] | None = None) -> int:
             rate["clusterBudget"] = {"increasesPerSecond": 1_000_000, "burst": 1_000_000}
 
         policy = policy_file(work / "policy.yaml", open_up)
-        guard = stack.enter_context(running_guard(cp, work / "guard", policy, register=False))
-        hooks = Webhooks(guard, stack.enter_context(running_go_noop(cp, work)))
+        cp.kubectl("create", "namespace", LEASE_NAMESPACE)
+        extra_env: dict[str, str] = {}
+        if args.profile is not None:
+            extra_env = profile_env(args.profile, work)
+        guards = Guards(cp, work, policy, stack, extra_env)
+        hooks = Webhooks(guards.single, stack.enter_context(running_go_noop(cp, work)))
         names = [f"roll-{i:04d}" for i in range(args.nodes)]
         create_nodes(cp, names)
         admin = node_client(cp.kas_url, cp.kubeconfig, "admin", work)
@@ -289,14 +417,15 @@ def main(argv: list[str] | None = None) -> int:
             for pace in paces:
                 k = round_no % len(configs)
                 for config in configs[k:] + configs[:k]:
-                    switch(cp, hooks, config)  # the guard's configurations are those of GUARD_CONFIGS there
-                    result = measure(cp, hooks, admin, names, config, pace)
+                    running = guards.switch(hooks, config)
+                    result = measure(cp, running, admin, names, config, pace)
                     results.append(result)
+                    spread = f", audit records per guard process {result.records}" if result.records else ""
                     print(f"round {round_no + 1} {config:10} {pace:3d} %: {result.seconds:6.1f} s, p50 "
                           f"{percentile(result.put_ms, 0.5):6.1f} ms, p99 {percentile(result.put_ms, 0.99):6.1f} ms,"
-                          f" failed {sum(result.failures.values())}, failed open {result.failed_open}",
+                          f" failed {sum(result.failures.values())}, failed open {result.failed_open}{spread}",
                           file=sys.stderr)
-        switch(cp, hooks, "none")
+        guards.switch(hooks, "none")
     load_end = uptime()
     out = {"machine": {"nproc": os.cpu_count(), "python": platform.python_version(), "uptime_start": load_start,
                        "uptime_end": load_end},
@@ -306,7 +435,21 @@ def main(argv: list[str] | None = None) -> int:
     print(f"uptime at the end:   {load_end} ({os.cpu_count()} CPUs)")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
+    if args.profile is not None:
+        print(f"profile of the guard's request threads: python -m benchmarks.guard_profile {args.profile}")
     return 0
+
+
+def profile_env(directory: Path, work: Path) -> dict[str, str]:
+    """The guard's environment for ``--profile``: a ``sitecustomize`` that installs
+    :func:`benchmarks.guard_profile.install` (statistics into ``directory``)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    site = work / "profile-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("from benchmarks.guard_profile import install\ninstall()\n")
+    repo = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(filter(None, [str(site), str(repo), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, DIR_ENV: str(directory.resolve())}
 
 
 if __name__ == "__main__":

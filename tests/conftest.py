@@ -91,12 +91,14 @@ def start_server(
     offline: bool = True,
     cert_dir: Path | None = None,
     stdout: Any = subprocess.DEVNULL,
+    port: int | None = None,
 ) -> RunningServer:
-    """Start ``python -m webhook serve`` on free ports with certs in ``tmp/certs``; wait until /healthz answers.
+    """Start ``python -m webhook serve`` on free ports (the HTTPS one ``port`` when given) with certs in
+    ``tmp/certs``; wait until /healthz answers.
 
     ``stdout`` is the server's standard output (``subprocess.PIPE``: ``process.stdout``, for ``--audit-log -``).
     """
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port = port or free_port(), free_port()
     cert_dir = cert_dir or tmp / "certs"
     audit = tmp / "audit.log"
     stderr_path = tmp / "server.stderr"

@@ -24,6 +24,10 @@ def _env(name: str) -> str:
 @click.option("--host", default="0.0.0.0", show_default=True, envvar=_env("HOST"), help="Listen address.")
 @click.option("--port", default=8443, show_default=True, type=click.IntRange(1, 65535), envvar=_env("PORT"),
               help="HTTPS port.")
+@click.option("--reuse-port", is_flag=True, envvar=_env("REUSE_PORT"),
+              help="Bind the HTTPS port with SO_REUSEPORT, so that several serve processes of the same user share "
+              "one address and the kernel spreads new connections over them (each needs its own --metrics-port "
+              "and --audit-log).")
 @click.option("--metrics-port", default=9090, show_default=True, type=click.IntRange(0, 65535),
               envvar=_env("METRICS_PORT"), help="Plain-HTTP port for /metrics (0 disables).")
 @click.option("--cert-dir", default="certs", show_default=True, type=click.Path(path_type=Path),
@@ -119,6 +123,7 @@ def serve(**kwargs: Any) -> None:
     settings = Settings(
         host=kwargs["host"],
         port=kwargs["port"],
+        reuse_port=kwargs["reuse_port"],
         metrics_port=kwargs["metrics_port"],
         cert_dir=kwargs["cert_dir"],
         dns_names=tuple(kwargs["dns_names"]),

@@ -89,7 +89,7 @@ def run(settings: Settings) -> int:
             server, source = describe_cluster(settings.kubeconfig, environment=False)
             log.info("cluster: %s (%s)", server, source)
         _check_writable_audit_log(settings.audit_log)
-        _check_port_free(settings.port, "HTTPS port", settings.host)
+        _check_port_free(settings.port, "HTTPS port", settings.host, reuse_port=settings.reuse_port)
         _check_port_free(settings.metrics_port, "metrics port")
     except (tls.CertificateError, state_key.StateKeyError, ClusterConfigError, OSError, ValueError,
             ClusterSecretsError) as exc:
@@ -235,14 +235,18 @@ def _check_writable_audit_log(path: str) -> None:
         raise OSError(f"audit log {path} cannot be opened for appending: {exc.strerror or exc}") from None
 
 
-def _check_port_free(port: int, what: str, host: str = "0.0.0.0") -> None:
+def _check_port_free(port: int, what: str, host: str = "0.0.0.0", *, reuse_port: bool = False) -> None:
     """Raise OSError "<what> <port> is not free" when ``host:port`` cannot be bound (with SO_REUSEADDR, as
-    gunicorn and the metrics server bind, so a connection in TIME_WAIT does not count); port 0 is disabled."""
+    gunicorn and the metrics server bind, so a connection in TIME_WAIT does not count; with ``reuse_port`` also
+    SO_REUSEPORT, as ``--reuse-port`` binds, so the port is free when only such sockets of this user hold it);
+    port 0 is disabled."""
     if port <= 0:
         return
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:

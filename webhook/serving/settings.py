@@ -19,6 +19,9 @@ class Settings:
     """Address to listen on for HTTPS."""
     port: int = 8443
     """HTTPS port for /mutate, /validate, /healthz, /readyz."""
+    reuse_port: bool = False
+    """Bind the HTTPS port with ``SO_REUSEPORT``: several ``serve`` processes (of the same user) listen on one
+    address and the kernel spreads new connections over them."""
     metrics_port: int = 9090
     """Plain-HTTP port for /metrics (0 disables)."""
     cert_dir: Path = Path("certs")

@@ -314,6 +314,7 @@ def gunicorn_options(settings: Settings, cert_file: Path, key_file: Path, ssl_ho
 
     return {
         "bind": [f"[{settings.host}]:{settings.port}" if ":" in settings.host else f"{settings.host}:{settings.port}"],
+        "reuse_port": settings.reuse_port,
         "workers": settings.workers,
         "worker_class": whole_request_worker(settings),
         "threads": settings.threads,
