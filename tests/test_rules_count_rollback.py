@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from kube import EBS, KUBELET, NODE, NODE_GROUPS
 
+from webhook.admission.cluster import AttachError
 from webhook.admission.csinode import CountChange
 from webhook.admission.policy import EnforcementAction, Policy, parse_policy
 from webhook.admission.rules import count_rollback
@@ -69,6 +70,8 @@ def context(
     entry: EntryState | None = None,
     approvals: tuple[Approval, ...] = (),
     policy: Policy = POLICY,
+    attach_errors: tuple[AttachError, ...] | None = (),
+    now: datetime = T0,
 ) -> RuleContext:
     return RuleContext(
         change=CountChange(node=NODE, driver=EBS, old=old, new=new, position=1),
@@ -79,9 +82,9 @@ def context(
         approvals=approvals,
         driver_version="v1.37.0",
         node_labels=None,
-        attach_errors=None,
+        attach_errors=attach_errors,
         update_period=None,
-        now=T0,
+        now=now,
     )
 
 
@@ -290,3 +293,141 @@ def test_the_enforcement_action_follows_the_policy() -> None:
     assert summary(count_rollback.check(context(23, 24, entry=frozen(timedelta(hours=1)), policy=policy))) == [
         (CLAMP, 23)
     ]
+
+
+# -- recovery gated by attaches ------------------------------------------------------------------------------------
+
+
+def failure(ago: float, code: int | None = 8, name: str = "csi-3f9a0c2b") -> AttachError:
+    """An attach error stamped ``ago`` seconds before T0, as the external-attacher writes it."""
+    return AttachError(code=code, time=T0 - timedelta(seconds=ago), volume_attachment=name)
+
+
+def stepped(*, corrected_ago: float, stepped_ago: float, count: int = 22) -> EntryState:
+    """An entry corrected 25 -> 20 ``corrected_ago`` seconds before T0, then raised to ``count`` by a recovery step
+    ``stepped_ago`` seconds before T0."""
+    at = T0 - timedelta(seconds=corrected_ago)
+    return EntryState(
+        count=count,
+        changed_at=T0 - timedelta(seconds=stepped_ago),
+        writer_version="v1.37.0",
+        correction=Correction(at=at, before=25, after=20, basis="resource-exhausted"),
+    )
+
+
+def test_a_capacity_failure_since_the_correction_holds_the_step_at_the_stored_count() -> None:
+    found = count_rollback.check(context(20, 22, entry=corrected(25, 20), attach_errors=(failure(120),)))
+
+    assert found == [
+        Violation(
+            rule="count-rollback",
+            action=DENY,
+            why="attach failures with errorCode 8 since the last step (2026-11-30T01:50:00.000Z): recovery waits for "
+            "attaches to succeed; newest at 2026-11-30T01:58:00.000Z on csi-3f9a0c2b, 1 in all; the window ends at "
+            "2026-11-30T02:50:00.000Z",
+            proceed="it passes once attaches succeed (no errorCode 8 after the last step), or with an approver's "
+            "justification",
+            clamp_to=20,
+        )
+    ]
+
+
+@pytest.mark.parametrize(
+    ("errors", "expected"),
+    [
+        pytest.param((), [], id="no attach error since the correction lets the step through"),
+        pytest.param((failure(600),), [], id="the error stamped at the correction is the one it answered"),
+        pytest.param((failure(900),), [], id="an error before the correction does not hold the step"),
+        pytest.param((failure(599),), [(DENY, 20)], id="an error a second after the correction holds the step"),
+        pytest.param((failure(60, code=9),), [], id="a precondition failure is not a capacity failure"),
+        pytest.param((failure(60, code=None),), [], id="an error without a code is not a capacity failure"),
+        pytest.param(
+            (failure(60, code=4), failure(30, name="csi-2")), [(DENY, 20)], id="one capacity error among others"
+        ),
+    ],
+)
+def test_only_capacity_failures_after_the_last_step_hold_a_recovery_step(
+    errors: tuple[AttachError, ...], expected: list[tuple[EnforcementAction, int]]
+) -> None:
+    found = count_rollback.check(context(20, 22, entry=corrected(25, 20), attach_errors=errors))
+    assert summary(found) == expected
+
+
+@pytest.mark.parametrize(
+    ("error_ago", "held"),
+    [
+        pytest.param(1500, False, id="a failure between the correction and the last step was answered by it"),
+        pytest.param(300, True, id="a failure after the last step holds the next one"),
+    ],
+)
+def test_the_gate_counts_from_the_last_recovery_step(error_ago: float, held: bool) -> None:
+    entry = stepped(corrected_ago=1800, stepped_ago=600)
+    found = count_rollback.check(context(22, 24, entry=entry, attach_errors=(failure(error_ago),)))
+    assert summary(found) == ([(DENY, 22)] if held else [])
+    if held:
+        assert "since the last step (2026-11-30T01:50:00.000Z)" in found[0].why
+
+
+def test_a_step_is_judged_again_at_each_write_as_the_errors_change() -> None:
+    """The same entry, one write while the attach fails and one after it succeeded (its error cleared)."""
+    entry = corrected(25, 20, ago=600)
+    while_failing = context(20, 22, entry=entry, attach_errors=(failure(60),))
+    after_success = context(20, 22, entry=entry, attach_errors=(), now=T0 + timedelta(minutes=2))
+    assert summary(count_rollback.check(while_failing)) == [(DENY, 20)]
+    assert count_rollback.check(after_success) == []
+
+
+def test_unknown_attach_errors_hold_the_step_and_say_so() -> None:
+    (found,) = count_rollback.check(context(20, 22, entry=corrected(25, 20), attach_errors=None))
+    assert (found.action, found.clamp_to) == (DENY, 20)
+    assert found.why == (
+        "the VolumeAttachments are unknown to the guard, so attaches since the last step (2026-11-30T01:50:00.000Z) "
+        "cannot earn a recovery step; the window ends at 2026-11-30T02:50:00.000Z"
+    )
+    assert found.proceed == (
+        "judged again at the next write once the guard sees them, or with an approver's justification"
+    )
+
+
+def test_a_held_step_back_towards_the_pre_correction_count_is_held_at_the_stored_count() -> None:
+    found = count_rollback.check(context(20, 25, entry=corrected(25, 20), attach_errors=(failure(60),)))
+    assert summary(found) == [(DENY, 20)]
+    assert len(found) == 1
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "entry"),
+    [
+        pytest.param(20, 22, corrected(25, 20, ago=3600), id="the window has passed"),
+        pytest.param(20, 18, corrected(25, 20), id="a decrease"),
+        pytest.param(20, 22, EntryState(count=20, changed_at=T0 - timedelta(minutes=5)), id="no correction"),
+    ],
+)
+def test_the_gate_holds_only_increases_inside_the_window_after_a_correction(
+    old: int, new: int, entry: EntryState
+) -> None:
+    assert count_rollback.check(context(old, new, entry=entry, attach_errors=(failure(60),))) == []
+    assert count_rollback.check(context(old, new, entry=entry, attach_errors=None)) == []
+
+
+def test_a_justified_step_passes_the_gate() -> None:
+    entry = corrected(25, 20)
+    assert count_rollback.check(context(20, 22, entry=entry, approvals=(approval(20, 22),), attach_errors=None)) == []
+
+
+@pytest.mark.parametrize(
+    "errors", [pytest.param((failure(60),), id="a capacity failure"), pytest.param(None, id="unknown errors")]
+)
+def test_recovery_gate_time_paces_by_recovery_step_alone(errors: tuple[AttachError, ...] | None) -> None:
+    policy = make_policy(recoveryGate="time")
+    entry = corrected(25, 20)
+    assert count_rollback.check(context(20, 22, entry=entry, attach_errors=errors, policy=policy)) == []
+    assert summary(count_rollback.check(context(20, 23, entry=entry, attach_errors=errors, policy=policy))) == [
+        (DENY, 22)
+    ]
+
+
+def test_the_gate_follows_the_rollback_enforcement_action() -> None:
+    policy = make_policy(enforcementAction="warn")
+    found = count_rollback.check(context(20, 22, entry=corrected(25, 20), attach_errors=(failure(60),), policy=policy))
+    assert summary(found) == [(WARN, 20)]

@@ -254,6 +254,8 @@ def test_the_guard_can_only_read_what_its_cluster_view_needs_and_write_what_its_
         | {("*", "storage.k8s.io", "csidrivers", verb) for verb in read}
         | {("*", "storage.k8s.io", "volumeattachments", verb) for verb in read}
         | {("kube-system", "", "pods", verb) for verb in read}
+        # unscheduled Pods Pending on volume limits, one cluster-wide watch (a metric; issue 35, item 4)
+        | {("*", "", "pods", verb) for verb in ("list", "watch")}
         # RBAC cannot limit a create by name: the guard may create Secrets in its own namespace, nothing else.
         | {(NAMESPACE, "", "secrets", "create")}
         # the audit: the CSINode watch, and an update that lowers a standing count (no create, patch, delete)

@@ -17,7 +17,9 @@ here talks to the API. For every ``spec.drivers[]`` entry of every CSINode (matc
 - ``pending``: Pods Pending as Unschedulable on volume limits, nominated to that node (the scheduler names no
   node for an unschedulable pod otherwise; the cluster-wide number is in the summary);
 - recent attach errors (``status.attachError.time`` within a window) by
-:class:`webhook.admission.cluster.AttachErrorClass`.
+:class:`webhook.admission.cluster.AttachErrorClass`;
+- ``reported``: what the driver reports when the guard holds the entry below it (the state's ``reported``,
+  :mod:`webhook.admission.held_below`); the report's ``held`` section lists those entries per driver.
 
 Rows sort by least headroom (unbounded last). :func:`format_table` renders kubectl-like columns.
 """
@@ -26,12 +28,13 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from webhook.admission.cluster import AttachErrorClass, classify_attach_error
 from webhook.admission.csinode import format_count
+from webhook.admission.held_below import HeldBelow, format_held, held_below_reported, held_by_driver
 from webhook.admission.policy import Policy
 from webhook.admission.state import (
     STATE_ANNOTATION,
@@ -92,6 +95,7 @@ class CapacityRow:
     frozen_until: datetime | None
     corrected_until: datetime | None
     correction: str
+    reported: int | None = None
 
     @property
     def over_ceiling(self) -> bool:
@@ -163,10 +167,12 @@ class CapacitySummary:
 
 @dataclass(frozen=True)
 class CapacityReport:
-    """The rows (sorted by least headroom) and the summary over them."""
+    """The rows (sorted by least headroom), the summary over them, and the entries held below their driver's
+    report (``held``)."""
 
     rows: list[CapacityRow]
     summary: CapacitySummary
+    held: HeldBelow = field(default_factory=HeldBelow)
 
 
 def _time(value: datetime | None) -> str | None:
@@ -320,7 +326,11 @@ def build_report(
         attached=sum(r.attached for r in rows),
         pending_on_limits=len(pending_on_limits),
     )
-    return CapacityReport(rows=rows, summary=summary)
+    held = held_by_driver(
+        ((r.node, r.driver, r.count, r.reported) for r in rows if r.reported is not None and r.count is not None),
+        len(pending_on_limits),
+    )
+    return CapacityReport(rows=rows, summary=summary, held=held)
 
 
 def _row(
@@ -375,6 +385,7 @@ def _row(
         frozen_until=frozen,
         corrected_until=corrected_until,
         correction=correction,
+        reported=held_below_reported(count if bounded else None, state),
     )
 
 
@@ -411,6 +422,8 @@ def _flags(row: CapacityRow) -> str:
         flags.append(f"corrected {row.correction} until {format_time(row.corrected_until)}")
     if row.over_ceiling:
         flags.append("over ceiling")
+    if row.reported is not None:
+        flags.append(f"held {_cell(row.count)}/{row.reported} reported")
     return "; ".join(flags) or "-"
 
 
@@ -460,9 +473,10 @@ def format_table(report: CapacityReport, now: datetime, *, wide: bool = False) -
     text = report.summary.line() + "\n"
     if not report.rows:
         return text + "No CSINode driver entries matched.\n"
-    return text + format_columns(table_rows(report, now, wide=wide))
+    return text + format_columns(table_rows(report, now, wide=wide)) + format_held(report.held)
 
 
 def report_json(report: CapacityReport) -> dict[str, Any]:
-    """``-o json``: ``{"summary": {...}, "entries": [...]}``."""
-    return {"summary": report.summary.to_json(), "entries": [r.to_json() for r in report.rows]}
+    """``-o json``: ``{"summary": {...}, "entries": [...], "heldBelowReported": {...}}``."""
+    return {"summary": report.summary.to_json(), "entries": [r.to_json() for r in report.rows],
+            "heldBelowReported": report.held.to_json()}

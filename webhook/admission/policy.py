@@ -186,6 +186,9 @@ class RuleSettings:
     rollback_action: EnforcementAction = EnforcementAction.DENY
     rollback_window: float = 3600.0
     recovery_step: int = 2
+    recovery_gate: str = "attaches"
+    """``count-rollback.recoveryGate``: ``attaches`` (a recovery step needs attaches without a capacity-class failure
+    since the last step, :mod:`webhook.admission.rules.count_rollback`) or ``time`` (``recoveryStep`` per change)."""
     drop_to_zero_action: EnforcementAction = EnforcementAction.WARN
     rate_action: EnforcementAction = EnforcementAction.DENY
     min_interval: float = 60.0
@@ -385,6 +388,7 @@ def _rule_settings(raw: Mapping[str, Any]) -> RuleSettings:
         rollback_action=_action(raw, "count-rollback", d.rollback_action),
         rollback_window=parse_duration(rollback.get("window", d.rollback_window)),
         recovery_step=int(rollback.get("recoveryStep", d.recovery_step)),
+        recovery_gate=str(rollback.get("recoveryGate", d.recovery_gate)),
         drop_to_zero_action=EnforcementAction(drop.get("enforcementAction", d.drop_to_zero_action.value)),
         rate_action=_action(raw, "change-rate", d.rate_action),
         min_interval=parse_duration(rate.get("minInterval", d.min_interval)),

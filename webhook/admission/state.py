@@ -25,6 +25,11 @@ Optional members, each left out when unset (so states written before they existe
   kubelet may set that label on its own Node (NodeRestriction): a later value may lower the ceiling, never raise it
   above the pinned value's, until an approver's justification covers the higher count
   (:mod:`webhook.admission.ceiling_pin`).
+- ``drivers.<name>.reported``: the count the node's kubelet asked for (what the driver reports, NodeGetInfo
+  ``max_volumes_per_node``) when the guard stored less (``count``) at the write that last changed the entry: the
+  guard holds the node below what its driver reports (``csinode-guard status``, the
+  ``csinode_guard_held_below_reported_nodes`` metric). Recorded only when the entry is written anyway (a clamp back
+  to the stored count stays a byte-identical no-op) and only for a finite report below 2147483647.
 - ``drivers.<name>.removedAt``: when the guard first wrote a state while the driver was not in the object (a
   removed driver's history is kept for :data:`webhook.admission.state_bounds.REMOVED_RETENTION` from then; cleared
   when the driver is back).
@@ -133,7 +138,8 @@ class PinnedLabel(NamedTuple):
 class EntryState:
     """History of one (node, driver) entry: last accepted count (None = unbounded) and when it changed;
     ``pinned`` the label value that selected its ceiling (None: nothing pinned yet); ``removed_at`` when the
-    guard first recorded the driver as gone from the object (None: present, or not recorded yet)."""
+    guard first recorded the driver as gone from the object (None: present, or not recorded yet); ``reported`` the
+    count the node's kubelet asked for when the guard stored less at ``changed_at`` (None: not held below it)."""
 
     count: int | None
     changed_at: datetime
@@ -142,6 +148,7 @@ class EntryState:
     correction: Correction | None = None
     pinned: PinnedLabel | None = None
     removed_at: datetime | None = None
+    reported: int | None = None
 
 
 class DeclaredVersion(NamedTuple):
@@ -273,6 +280,8 @@ def entry_document(e: EntryState) -> dict[str, Any]:
         entry["pinned"] = {"label": e.pinned.label, "value": e.pinned.value}
     if e.removed_at is not None:
         entry["removedAt"] = format_time(e.removed_at)
+    if e.reported is not None:
+        entry["reported"] = e.reported
     return entry
 
 
@@ -356,6 +365,7 @@ def _decode_entry(raw: Any) -> EntryState:
     version = raw.get("writerVersion")
     pinned = raw.get("pinned")
     removed = raw.get("removedAt")
+    reported = _opt_int(raw.get("reported"))
     return EntryState(
         count=_opt_int(raw.get("count")),
         changed_at=parse_time(raw["changedAt"]),
@@ -364,6 +374,7 @@ def _decode_entry(raw: Any) -> EntryState:
         correction=correction,
         pinned=PinnedLabel(str(pinned["label"]), str(pinned["value"])) if pinned is not None else None,
         removed_at=parse_time(removed) if removed is not None else None,
+        reported=reported,
     )
 
 

@@ -27,6 +27,7 @@ by every rule that needs no history). Approvals and declared versions are always
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -83,8 +84,7 @@ def mark_removed(entries: Mapping[str, EntryState], present: Collection[str], no
 
 
 def _replace(entry: EntryState, *, removed_at: datetime | None) -> EntryState:
-    return EntryState(entry.count, entry.changed_at, entry.writer_version, entry.frozen_until, entry.correction,
-                      entry.pinned, removed_at)
+    return dataclasses.replace(entry, removed_at=removed_at)  # every other field kept, those added later too
 
 
 def protects(entry: EntryState, now: datetime) -> bool:

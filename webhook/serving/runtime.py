@@ -370,6 +370,7 @@ def build_cluster(settings: Settings, policy: Any, keys: Any = None) -> tuple[An
         settings.kubeconfig, policy.pod_version_sources(), settings.max_staleness, settings.cache_sync_timeout,
         state_keys=keys,  # the CSINode watch: the audit, one cluster budget, the newest state per object
         history_namespace=settings.audit.lease_namespace,  # the nodes' history records, in the guard's namespace
+        pending_pods=True,  # Pods Pending on volume limits: a metric next to the nodes held below their report
         environment=False,  # run() chose the cluster: --kubeconfig or the pod's service account
     )
 

@@ -4,7 +4,8 @@
 An entry whose count does not change keeps its state; a registration that brings an entry back as it was
 records nothing new (no state churn). Otherwise the entry records the final count, when it changed, the writer's
 version, a freeze (a version rollback freezes increases for ``freezeFor``), a correction (a lower count backed
-by a capacity attach error or a justification) and the ceiling label pinned for it. Entries of drivers that are
+by a capacity attach error or a justification), the ceiling label pinned for it and, when the guard stored less than
+the node's kubelet asked for, that report (``reported``: :func:`held_below`). Entries of drivers that are
 no longer in the object are kept (kubelet removes and registers again a driver whose node plugin restarts)
 for :data:`~webhook.admission.state_bounds.REMOVED_RETENTION` after the first state written without them;
 expired approvals are dropped; the enforcement scope stays pinned until a justifier's annotation lets a node
@@ -17,12 +18,25 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from webhook.admission.cluster import AttachErrorClass
+from webhook.admission.csinode import INT32_MAX
 from webhook.admission.decision import ChangeOutcome
 from webhook.admission.evaluation.classify import Write
 from webhook.admission.evaluation.judge import Judgement
 from webhook.admission.evaluation.settle import Settlement
 from webhook.admission.state import Correction, EntryState, GuardState
 from webhook.admission.state_bounds import mark_removed
+
+
+def held_below(asked: int | None, final: int | None, prev: EntryState | None, *, kubelet: bool) -> int | None:
+    """The ``reported`` count to record for an entry written at ``final``: what the node's kubelet ``asked`` for when
+    it is finite, below 2147483647 and above ``final`` (the guard holds the node below what its driver reports);
+    for another writer's write (a listed writer, a restore), the report recorded before, while it is still above
+    ``final``; else None."""
+    if not kubelet:
+        asked = prev.reported if prev is not None else None
+    if asked is None or final is None or asked >= INT32_MAX or asked <= final:
+        return None
+    return asked
 
 
 def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tuple[
@@ -75,6 +89,7 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             frozen_until=frozen_until,
             correction=correction,
             pinned=pins.get(c.driver, prev.pinned if prev else None),
+            reported=held_below(c.new, final, prev, kubelet=write.writer.is_node_kubelet),
         )
         if entries is None:
             entries = dict(write.entries)

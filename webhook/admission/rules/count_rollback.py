@@ -5,16 +5,34 @@ gRPC code 8, KEP-4876) or by a justification. Within ``window`` after it, increa
 ``recoveryStep`` per change and going back to the pre-correction count needs a justification. Any increase
 while the entry is frozen (after a driver version rollback) is a violation. A decrease to 0 without
 justification is a violation with its own enforcement action (``dropToZero``, default ``warn``).
+
+Recovery is gated by attaches (``recoveryGate: attaches``, the default; DESIGN.md, the brake: "Recovery after a
+correction advances only while attaches at the new level succeed"): inside ``window``, an increase is held at the
+stored count while a capacity-class attach error (VolumeAttachment ``status.attachError.errorCode`` 8, gRPC
+ResourceExhausted, for this node and attacher = driver) is stamped after the entry's last accepted change (the
+last recovery step, or the correction itself). The external-attacher rewrites ``status.attachError`` (a new
+``time``) on every retry of a failing attach and clears it once the volume attaches, so such an error means an
+attach at the level the last step set still fails; the error that backed the correction is stamped at or before
+it and does not hold the first step. The errors looked at are the ones the evaluation gathered for the change,
+those of the last ``evidence.resourceExhaustedWithin``: an older one stands for an attach nobody retried since.
+
+When the attach errors are unknown (the VolumeAttachment cache is not synced, no cluster facts offline), the step
+is held too. The design judges an increase on local rules only when a lookup fails; here the lookup *is* the
+rule: the step is earned by attaches that succeeded, and an unknown cannot earn it. Holding keeps the count at the
+level the correction's evidence supports (the safe direction: pods may wait Pending, none is scheduled to a node
+that cannot attach), it lasts at most ``window``, and the next write after the cache syncs is judged again.
+``recoveryGate: time`` gives the pace by ``recoveryStep`` alone.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
+from webhook.admission.cluster import AttachError, AttachErrorClass
 from webhook.admission.csinode import format_count
 from webhook.admission.durations import format_duration
 from webhook.admission.rules.base import RuleContext, Violation
-from webhook.admission.state import format_time
+from webhook.admission.state import Correction, EntryState, format_time
 
 RULE_ID = "count-rollback"
 
@@ -57,6 +75,10 @@ def check(ctx: RuleContext) -> list[Violation]:
     corr = entry.correction
     if corr is None or old is None or ctx.now >= corr.at + timedelta(seconds=rules.rollback_window):
         return found
+    held = _held_by_attaches(ctx, entry, corr)
+    if held is not None:
+        found.append(held)
+        return found
     new = change.new
     since = f"the correction {format_count(corr.before)} -> {format_count(corr.after)} at {format_time(corr.at)}"
     if corr.before is None or (new is None or new >= corr.before):
@@ -84,3 +106,53 @@ def check(ctx: RuleContext) -> list[Violation]:
             )
         )
     return found
+
+
+def last_step(entry: EntryState) -> datetime:
+    """When ``entry``'s count last changed by an accepted write: its last recovery step, or its correction."""
+    if entry.correction is not None and entry.correction.at > entry.changed_at:
+        return entry.correction.at
+    return entry.changed_at
+
+
+def capacity_errors_since_step(ctx: RuleContext, entry: EntryState) -> list[AttachError] | None:
+    """The capacity-class attach errors (errorCode 8) of the change's (node, driver) stamped after
+    :func:`last_step` of ``entry``, oldest first; None when the attach errors are unknown. Only the errors ``ctx``
+    carries are looked at (those of the last ``evidence.resourceExhaustedWithin``)."""
+    if ctx.attach_errors is None:
+        return None
+    step = last_step(entry)
+    found = [e for e in ctx.attach_errors if e.error_class is AttachErrorClass.CAPACITY and e.time > step]
+    return sorted(found, key=lambda e: e.time)
+
+
+def _held_by_attaches(ctx: RuleContext, entry: EntryState, corr: Correction) -> Violation | None:
+    """The finding that holds a recovery step at the stored count (``recoveryGate: attaches``): a capacity-class
+    attach failure since the last step, or attach errors that are unknown; None when the step is judged by
+    ``recoveryStep`` alone. Called for an unjustified increase of an entry whose correction ``corr`` is inside
+    ``window``."""
+    rules = ctx.driver_policy.rules
+    if rules.recovery_gate != "attaches":
+        return None
+    failed = capacity_errors_since_step(ctx, entry)
+    if failed is not None and not failed:
+        return None
+    last = format_time(last_step(entry))
+    window_ends = format_time(corr.at + timedelta(seconds=rules.rollback_window))
+    if failed is None:
+        why = (
+            f"the VolumeAttachments are unknown to the guard, so attaches since the last step ({last}) cannot earn "
+            f"a recovery step; the window ends at {window_ends}"
+        )
+        proceed = "judged again at the next write once the guard sees them, or with an approver's justification"
+    else:
+        newest = failed[-1]
+        on = f" on {newest.volume_attachment}" if newest.volume_attachment else ""
+        why = (
+            f"attach failures with errorCode 8 since the last step ({last}): recovery waits for attaches to succeed; "
+            f"newest at {format_time(newest.time)}{on}, {len(failed)} in all; the window ends at {window_ends}"
+        )
+        proceed = (
+            "it passes once attaches succeed (no errorCode 8 after the last step), or with an approver's justification"
+        )
+    return Violation(rule=RULE_ID, action=rules.rollback_action, why=why, proceed=proceed, clamp_to=ctx.change.old)

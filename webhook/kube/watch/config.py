@@ -128,6 +128,7 @@ def build_cluster_view(
     start: bool = True,
     state_keys: StateKeys | None = None,
     history_namespace: str | None = None,
+    pending_pods: bool = False,
     environment: bool = True,
 ) -> tuple[ClusterView, ClusterCaches]:
     """The cluster view and its control surface.
@@ -137,7 +138,8 @@ def build_cluster_view(
     :class:`OfflineCaches`, and one log line. ``max_staleness`` and ``cache_sync_timeout`` are seconds and
     override ``settings``; ``state_keys`` adds the CSINode watch (:mod:`webhook.kube.watch.csinodes`), and with
     ``history_namespace`` the watch of the nodes' history records there (:mod:`webhook.kube.node_history`);
-    ``environment`` False ignores ``$KUBECONFIG`` (:func:`load_api_client`).
+    ``pending_pods`` the watch of Pods Pending on volume limits (a metric only); ``environment`` False ignores
+    ``$KUBECONFIG`` (:func:`load_api_client`).
     """
     api_client = load_api_client(kubeconfig, environment=environment)
     if api_client is None:
@@ -147,7 +149,7 @@ def build_cluster_view(
         return UnknownClusterView(), OfflineCaches()
     effective = replace(settings or CacheSettings(), max_staleness=max_staleness, cache_sync_timeout=cache_sync_timeout)
     view = KubernetesClusterView(api_client, sources, effective, state_keys=state_keys,
-                                 history_namespace=history_namespace)
+                                 history_namespace=history_namespace, pending_pods=pending_pods)
     if start:
         view.start()
     return view, view

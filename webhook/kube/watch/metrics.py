@@ -104,3 +104,18 @@ HEADROOM = Histogram(
     ["driver"],
     buckets=(-8, -4, -2, -1, 0, 1, 2, 4, 8, 16, 32, 64, 128),
 )
+
+VOLUME_LIMIT_PENDING = Gauge(
+    "csinode_guard_volume_limit_pending_pods",
+    "Pods Pending unscheduled because of volume limits (the scheduler's NodeVolumeLimits reason: node(s) exceed max"
+    " volume count), cluster-wide.",
+    multiprocess_mode="livemax",
+)
+
+HELD_BELOW_REPORTED = Gauge(
+    "csinode_guard_held_below_reported_nodes",
+    "Nodes whose stored count of this driver the guard holds below what the driver reports (its last clamp stored"
+    " less than the node's kubelet asked for; other: drivers without a CSIDriver object).",
+    ["driver"],
+    multiprocess_mode="livemax",
+)

@@ -19,6 +19,7 @@ from typing import Any
 import semver
 
 from webhook.admission import versions
+from webhook.admission.capacity import is_pending_on_volume_limits
 from webhook.admission.cluster import AttachError, PodVersionSource
 from webhook.admission.label_provenance import PROVENANCE_ANNOTATION, ceiling_labels
 from webhook.admission.state import StateKeys
@@ -165,6 +166,25 @@ def parse_time(value: object) -> datetime | None:
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.astimezone(UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingPodRecord:
+    """An unscheduled Pod Pending because of volume limits (``PodScheduled`` False, Unschedulable, the scheduler's
+    NodeVolumeLimits message ``node(s) exceed max volume count``): only how many there are counts."""
+
+    namespace: str
+
+
+def parse_volume_limit_pending(obj: Mapping[str, Any]) -> PendingPodRecord | None:
+    """A :class:`PendingPodRecord` for a Pod Pending on volume limits; None for any other pod (not kept).
+
+    The scheduler writes that condition of a pod no node is bound to: no node can write it (NodeRestriction lets a
+    node write the status of pods bound to it only)."""
+    if not is_pending_on_volume_limits(obj):
+        return None
+    namespace = _get(obj, "metadata", "namespace")
+    return PendingPodRecord(_intern(namespace) if isinstance(namespace, str) else "")
 
 
 def parse_volume_attachment(obj: Mapping[str, Any]) -> VolumeAttachmentRecord:

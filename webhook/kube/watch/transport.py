@@ -65,15 +65,21 @@ class CollectionClient:
     """GET list and watch requests of one collection path (``/api/v1/nodes``,
     ``/api/v1/namespaces/kube-system/pods``, ``/apis/storage.k8s.io/v1/volumeattachments``)."""
 
-    def __init__(self, api_client: Any, path: str, label_selector: str | None = None) -> None:
-        """``api_client`` is a ``kubernetes.client.ApiClient``; ``label_selector`` is sent on every request."""
+    def __init__(
+        self, api_client: Any, path: str, label_selector: str | None = None, field_selector: str | None = None
+    ) -> None:
+        """``api_client`` is a ``kubernetes.client.ApiClient``; ``label_selector`` and ``field_selector`` are sent
+        on every request."""
         self._api = api_client
         self.path = path
         self.label_selector = label_selector
+        self.field_selector = field_selector
 
     def _get(self, query: list[tuple[str, str]], timeout: tuple[float, float]) -> RawResponse:
         if self.label_selector:
             query.append(("labelSelector", self.label_selector))
+        if self.field_selector:
+            query.append(("fieldSelector", self.field_selector))
         method, url, headers, body, post_params = self._api.param_serialize(
             method="GET",
             resource_path=self.path,

@@ -9,8 +9,14 @@ nodes               ``/api/v1/nodes``                              labels, ``sta
 csidrivers          ``/apis/storage.k8s.io/v1/csidrivers``         ``spec.nodeAllocatableUpdatePeriodSeconds``
 volumeattachments   ``/apis/storage.k8s.io/v1/volumeattachments``  attacher, nodeName, attached, attachError
 pods                ``/api/v1/namespaces/<ns>/pods?labelSelector``  DaemonSet pods only: node, labels, images
+pendingpods         ``/api/v1/pods?fieldSelector=spec.nodeName=,``   unscheduled Pods Pending on volume limits
+                    ``status.phase=Pending``                        only: their namespace
 csinodes            ``/apis/storage.k8s.io/v1/csinodes``           drivers and counts, verified state (with keys)
 ==================  =============================================  ===========================================
+
+The pendingpods watch (``serve`` runs it) feeds a metric only (``csinode_guard_volume_limit_pending_pods``, next
+to ``csinode_guard_held_below_reported_nodes`` from the CSINode watch: :mod:`webhook.admission.held_below`); no
+decision reads it, so the guard's readiness does not wait for it.
 
 The CSINode watch runs when the view is given the state keys (:mod:`webhook.kube.watch.csinodes`): the audit
 loop, the cluster-wide increase budget and the newest state sequence per object read it.
@@ -33,6 +39,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from webhook.admission.cluster import AttachError, PodVersionSource, RetainedState
+from webhook.admission.held_below import held_below_reported
 from webhook.admission.label_provenance import vouched_labels
 from webhook.admission.node_history import HISTORY_LABEL, history_object_name
 from webhook.admission.state import StateKeys
@@ -43,6 +50,7 @@ from webhook.kube.watch.pod_store import PodStore
 from webhook.kube.watch.records import (
     CSIDriverRecord,
     NodeRecord,
+    PendingPodRecord,
     PodRecord,
     VolumeAttachmentRecord,
     lowest_version,
@@ -51,6 +59,7 @@ from webhook.kube.watch.records import (
     parse_node,
     parse_pod,
     parse_volume_attachment,
+    parse_volume_limit_pending,
 )
 from webhook.kube.watch.reflector import Reflector
 from webhook.kube.watch.settings import CacheSettings
@@ -61,8 +70,15 @@ log = logging.getLogger("webhook.providers.view")
 
 R = TypeVar("R")
 
-KINDS = ("nodes", "csidrivers", "volumeattachments", "pods", "csinodes", "histories")
+KINDS = ("nodes", "csidrivers", "volumeattachments", "pods", "csinodes", "histories", "pendingpods")
 """Cache kinds, as used in the ``kind`` label of the cache metrics."""
+
+PENDING_POD_SELECTOR = "spec.nodeName=,status.phase=Pending"
+"""The pendingpods watch's field selector: Pods no node is bound to, Pending."""
+HELD_INTERVAL = 5.0
+"""Seconds between two counts of the nodes held below their driver's report (a pass over the CSINode cache)."""
+MAX_HELD_DRIVER_LABELS = 64
+"""Driver names that label ``csinode_guard_held_below_reported_nodes`` at most (then ``other``)."""
 
 PodWatchKey = tuple[str, str]
 """(namespace, label selector) of one pod watch."""
@@ -97,11 +113,13 @@ class KubernetesClusterView:
         settings: CacheSettings | None = None,
         state_keys: StateKeys | None = None,
         history_namespace: str | None = None,
+        pending_pods: bool = False,
     ) -> None:
         """``api_client`` is a configured ``kubernetes.client.ApiClient``; ``pod_sources`` are the policy's
         ``pod`` version sources (replace them later with :meth:`set_pod_sources`); with ``state_keys`` the view
         also watches CSINodes and verifies their state (:mod:`webhook.kube.watch.csinodes`), and with
-        ``history_namespace`` too the nodes' history records there (:mod:`webhook.kube.node_history`)."""
+        ``history_namespace`` too the nodes' history records there (:mod:`webhook.kube.node_history`); with
+        ``pending_pods`` the unscheduled Pods Pending on volume limits (cluster-wide: list/watch of pods)."""
         self._api = api_client
         self._settings = settings or CacheSettings()
         self._budget = self._settings.lookup_budget
@@ -117,6 +135,14 @@ class KubernetesClusterView:
             parse_volume_attachment,
             Store("volumeattachments", {"attached": _attached_key, "errors": _error_key}),
         )
+        self.pending_pods: Reflector[PendingPodRecord] | None = None
+        if pending_pods:
+            self.pending_pods = self._reflector(
+                "pendingpods", "/api/v1/pods", parse_volume_limit_pending, Store("pendingpods"),
+                field_selector=PENDING_POD_SELECTOR,
+            )
+        self._held_at: float | None = None
+        self._held_labels: set[str] = set()
         self.increase_ledger = IncreaseLedger()
         self.csinode_store = CSINodeStore(self.increase_ledger)
         self.csinodes: Reflector[CSINodeRecord] | None = None
@@ -151,8 +177,9 @@ class KubernetesClusterView:
         store: Store[R],
         selector: str | None = None,
         name: str | None = None,
+        field_selector: str | None = None,
     ) -> Reflector[R]:
-        client = CollectionClient(self._api, path, label_selector=selector)
+        client = CollectionClient(self._api, path, label_selector=selector, field_selector=field_selector)
         return Reflector(kind, client, parse, store, self._settings, name=name)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
@@ -222,13 +249,18 @@ class KubernetesClusterView:
         pods: list[Reflector[Any]] = list(self._pod_watches.values())
         csinodes: list[Reflector[Any]] = [self.csinodes] if self.csinodes is not None else []
         histories: list[Reflector[Any]] = [self.histories] if self.histories is not None else []
-        return [self.nodes, self.csidrivers, self.volumeattachments, *pods, *csinodes, *histories]
+        pending: list[Reflector[Any]] = [self.pending_pods] if self.pending_pods is not None else []
+        return [self.nodes, self.csidrivers, self.volumeattachments, *pods, *csinodes, *histories, *pending]
+
+    def _decision_reflectors(self) -> list[Reflector[Any]]:
+        """The caches a decision reads (readiness waits for these): all but the pendingpods watch."""
+        return [r for r in self._reflectors() if r is not self.pending_pods]
 
     # --- readiness --------------------------------------------------------------------------------------------
 
     def synced(self) -> bool:
         """True when every cache (including every pod watch) has completed its initial list."""
-        return all(r.synced for r in self._reflectors())
+        return all(r.synced for r in self._decision_reflectors())
 
     def ready(self) -> bool:
         """For ``/readyz``: True once every cache synced, or once ``cache_sync_timeout`` seconds passed since
@@ -252,7 +284,7 @@ class KubernetesClusterView:
                 return True
             self._degraded = True
             metrics.CACHE_DEGRADED.set(1)
-            unsynced = sorted({r.name for r in self._reflectors() if not r.synced})
+            unsynced = sorted({r.name for r in self._decision_reflectors() if not r.synced})
             log.warning(
                 "cluster caches not synced after %.0f s (%s); ready in degraded mode: their facts are unknown",
                 self._settings.cache_sync_timeout,
@@ -264,7 +296,7 @@ class KubernetesClusterView:
         """:meth:`ready` with a reason for ``/readyz``: ``synced``, ``degraded: <kinds> not synced``, or
         ``waiting for caches: <kinds>``."""
         ready = self.ready()
-        unsynced = ", ".join(sorted({r.name for r in self._reflectors() if not r.synced}))
+        unsynced = ", ".join(sorted({r.name for r in self._decision_reflectors() if not r.synced}))
         if not unsynced:
             return ready, "synced"
         return ready, (f"degraded: {unsynced} not synced" if ready else f"waiting for caches: {unsynced}")
@@ -491,3 +523,39 @@ class KubernetesClusterView:
         for key, value in counts.items():
             metrics.ATTACH_ERRORS.labels(*key).set(value)
         self._published_errors |= counts.keys()
+        self.publish_held()
+
+    def publish_held(self, force: bool = False) -> None:
+        """Set ``csinode_guard_volume_limit_pending_pods`` and, every :data:`HELD_INTERVAL` seconds (or when
+        ``force``), ``csinode_guard_held_below_reported_nodes`` per driver from the CSINode cache (a driver without
+        a CSIDriver object, or past :data:`MAX_HELD_DRIVER_LABELS` names, counts under ``other``: a node may invent
+        driver names). Unsynced caches publish nothing (the last values stay)."""
+        if self.pending_pods is not None and self.pending_pods.synced:
+            metrics.VOLUME_LIMIT_PENDING.set(len(self.pending_pods.store))
+        now = time.monotonic()
+        if self.csinodes is None or not self.csinodes.synced:
+            return
+        if not force and self._held_at is not None and now - self._held_at < HELD_INTERVAL:
+            return
+        self._held_at = now
+        held: Counter[str] = Counter()
+        for record in self.csinode_store.snapshot():
+            state = record.decoded.state
+            if state is None:
+                continue
+            for name, driver in record.csinode.drivers.items():
+                if held_below_reported(driver.allocatable_count, state.entries.get(name)) is not None:
+                    held[self._held_label(name)] += 1
+        for label in self._held_labels - held.keys():
+            metrics.HELD_BELOW_REPORTED.labels(label).set(0)
+        for label, value in held.items():
+            metrics.HELD_BELOW_REPORTED.labels(label).set(value)
+        self._held_labels |= held.keys()
+
+    def _held_label(self, driver: str) -> str:
+        if driver in self._held_labels:
+            return driver
+        if len(self._held_labels) >= MAX_HELD_DRIVER_LABELS or not self.has_csidriver(driver):
+            return "other"
+        self._held_labels.add(driver)
+        return driver
