@@ -4,7 +4,9 @@
 An entry whose count does not change keeps its state; a registration that brings an entry back as it was
 records nothing new (no state churn). Otherwise the entry records the final count, when it changed, the writer's
 version, a freeze (a version rollback freezes increases for ``freezeFor``), a correction (a lower count backed
-by a capacity attach error or a justification) and the ceiling label pinned for it. Entries of drivers that are
+by a capacity attach error or a justification), the ceiling label pinned for it and the first increase admitted
+inside the brake's lookback with the count trusted before it (``raised``,
+:func:`webhook.admission.brake.next_raised`). Entries of drivers that are
 no longer in the object are kept (kubelet removes and registers again a driver whose node plugin restarts)
 for :data:`~webhook.admission.state_bounds.REMOVED_RETENTION` after the first state written without them;
 expired approvals are dropped; the enforcement scope stays pinned until a justifier's annotation lets a node
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import timedelta
 
+from webhook.admission.brake import next_raised
 from webhook.admission.cluster import AttachErrorClass
 from webhook.admission.decision import ChangeOutcome
 from webhook.admission.evaluation.classify import Write
@@ -75,6 +78,8 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             frozen_until=frozen_until,
             correction=correction,
             pinned=pins.get(c.driver, prev.pinned if prev else None),
+            # The first increase admitted inside the brake's lookback and the count trusted before it.
+            raised=next_raised(prev.raised if prev else None, c.old, final, now, write.policy.brake.lookback),
         )
         if entries is None:
             entries = dict(write.entries)
