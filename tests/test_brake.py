@@ -18,7 +18,6 @@ from webhook.admission.brake import (
     RaisedNode,
     ReleaseRequest,
     admitted_increases,
-    braked_entry,
     crosses_threshold,
     decide_brake,
     decode_brakes,
@@ -34,8 +33,15 @@ from webhook.admission.evaluation import evaluate
 from webhook.admission.evaluation.stored import judge_stored
 from webhook.admission.policy import BrakeSettings, load_policy
 from webhook.admission.review import parse_review
-from webhook.admission.state import STATE_ANNOTATION, EntryState, GuardState, Raised, StateKeys, decode_state, \
-    encode_state
+from webhook.admission.state import (
+    STATE_ANNOTATION,
+    EntryState,
+    GuardState,
+    Raised,
+    StateKeys,
+    decode_state,
+    encode_state,
+)
 
 T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 KEYS = StateKeys([b"brake-test-key-0123456789abcdef0"])

@@ -150,6 +150,7 @@ def decide_brake(
     ``raised`` the driver's admitted increases inside the lookback, ``errors`` the attach errors lookup,
     ``newest_failure`` the newest capacity-class failure of the driver on any node since ``current``'s window
     (None: none). Returns ``current`` when nothing changes, an engaged brake, or a released one. Never raises."""
+    now = now.replace(microsecond=now.microsecond // 1000 * 1000)  # as the record keeps it
     if current is not None and current.engaged:
         if not settings.enabled:
             return replace(current, released_at=now, released_by=POLICY, release_reason="spec.brake.enabled is false")
@@ -223,7 +224,7 @@ def honour_release(current: Brake | None, request: ReleaseRequest, now: datetime
     engaged brake (another driver, an engagement that already ended)."""
     if current is None or not current.engaged or request.driver != current.driver:
         return None
-    if request.engaged_at != current.engaged_at:
+    if format_time(request.engaged_at) != format_time(current.engaged_at):  # the record keeps milliseconds
         return None
     return replace(
         current, released_at=now, released_by=request.requester or "(unknown approver)", release_reason=request.reason
@@ -342,6 +343,27 @@ def decode_brakes(value: str | None, keys: StateKeys) -> dict[str, Brake] | None
         return {str(driver): _decode_brake(str(driver), raw) for driver, raw in doc["brakes"].items()}
     except (KeyError, TypeError, ValueError, AttributeError, RecursionError):
         return None
+
+
+def read_brakes_unverified(value: str | None) -> dict[str, Brake] | None:
+    """The brakes a ``data.record`` value claims, *without* checking its signature (``csinode-guard brake list``
+    and ``status`` without the state key: what an editor of the ConfigMap could have written); None when absent or
+    malformed. The guard itself never uses it. Never raises."""
+    if not value or len(value) > MAX_RECORD_BYTES:
+        return None
+    try:
+        doc = json.loads(value)
+        if not isinstance(doc, dict) or doc.get("v") != FORMAT_VERSION or not isinstance(doc.get("brakes"), dict):
+            return None
+        return {str(driver): _decode_brake(str(driver), raw) for driver, raw in doc["brakes"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError):
+        return None
+
+
+def brake_json(brake: Brake) -> dict[str, Any]:
+    """``brake`` as ``csinode-guard brake list -o json`` and ``status -o json`` show it: the record's document with
+    its driver and whether it is engaged."""
+    return {"driver": brake.driver, "engaged": brake.engaged, **_brake_document(brake)}
 
 
 def _decode_brake(driver: str, raw: Mapping[str, Any]) -> Brake:

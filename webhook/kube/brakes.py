@@ -64,3 +64,39 @@ class BrakeWriter:
             return
         body["metadata"]["resourceVersion"] = meta.get("resourceVersion")
         self.client.send(ApiRequest("PUT", CONFIGMAPS.object_path(BRAKES_OBJECT, self.namespace), query, body))
+
+
+SELF_SUBJECT_REVIEWS = "/apis/authentication.k8s.io/v1/selfsubjectreviews"
+
+
+def read_brakes_object(client: KubeClient, namespace: str) -> Mapping[str, Any] | None:
+    """The brakes' ConfigMap in ``namespace`` (None when there is none: no brake ever engaged). Raises
+    :class:`~webhook.kube.kubeapi.KubeApiError` for any other refusal."""
+    try:
+        found: Mapping[str, Any] = client.get(CONFIGMAPS, BRAKES_OBJECT, namespace)
+    except KubeApiError as exc:
+        if exc.not_found:
+            return None
+        raise
+    return found
+
+
+def who_am_i(client: KubeClient) -> str:
+    """The requester's username as the apiserver authenticates it (``authentication.k8s.io/v1``
+    SelfSubjectReview, allowed to every authenticated user); "" when the answer carries none."""
+    answer = client.send(ApiRequest("POST", SELF_SUBJECT_REVIEWS, body={
+        "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}))
+    user = ((answer or {}).get("status") or {}).get("userInfo") or {}
+    return str(user.get("username") or "")
+
+
+def request_release(client: KubeClient, namespace: str, obj: Mapping[str, Any], value: str) -> None:
+    """Set the release request annotation ``value`` on the brakes' ConfigMap ``obj`` as read (PUT with its
+    resourceVersion: a concurrent write makes it fail with 409 Conflict). Raises
+    :class:`~webhook.kube.kubeapi.KubeApiError` (403 for a requester the approver Role is not bound to)."""
+    body = {key: value_ for key, value_ in obj.items() if key != "status"}
+    meta = dict(body.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), RELEASE_ANNOTATION: value}
+    body["metadata"] = meta
+    client.send(ApiRequest("PUT", CONFIGMAPS.object_path(BRAKES_OBJECT, namespace),
+                           (("fieldManager", "csinode-guard-brake-release"),), body))
