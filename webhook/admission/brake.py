@@ -180,6 +180,52 @@ def decide_brake(
     )
 
 
+def newest_capacity_failure(
+    nodes: Iterable[str],
+    driver: str,
+    errors: Callable[[str, str, datetime], Sequence[AttachError] | None],
+    since: datetime,
+) -> datetime | None:
+    """The newest capacity-class attach failure (gRPC code 8) of ``driver`` on any of ``nodes`` at or after
+    ``since`` (UTC), None when there is none or the errors are unknown. ``errors`` as in :func:`gather_evidence`."""
+    times = [
+        e.time
+        for node in nodes
+        for e in errors(node, driver, since) or ()
+        if e.error_class is AttachErrorClass.CAPACITY
+    ]
+    return max(times) if times else None
+
+
+def decide_brakes(
+    settings: BrakeSettings,
+    current: Mapping[str, Brake],
+    states: Sequence[tuple[str, GuardState | None]],
+    errors: Callable[[str, str, datetime], Sequence[AttachError] | None],
+    now: datetime,
+) -> dict[str, Brake]:
+    """One leader pass at ``now`` (UTC) over the whole cluster: every driver's brake after it (driver -> brake,
+    engaged or released; drivers nothing ever engaged are absent). ``current`` the brakes as recorded before it,
+    ``states`` every CSINode's (node name, verified guard state; None: no valid state), ``errors(node, driver,
+    since)`` the attach errors lookup (:meth:`webhook.admission.cluster.ClusterView.attach_errors`).
+
+    The one decision every path takes: the audit leader (:mod:`webhook.serving.brake_keeper`), ``policy test``
+    and ``replay`` (:mod:`webhook.simulation`) differ only in where the states and the errors come from. A result
+    equal to ``current`` means nothing changed. Never raises."""
+    increases = admitted_increases(states, now - timedelta(seconds=settings.lookback))
+    nodes = [node for node, _ in states]
+    updated = dict(current)
+    for driver in sorted(set(increases) | {d for d, b in current.items() if b.engaged}):
+        before = current.get(driver)
+        newest = None
+        if before is not None and before.engaged:
+            newest = newest_capacity_failure(nodes, driver, errors, before.window_start)
+        after = decide_brake(driver, settings, before, increases.get(driver, ()), errors, newest, now)
+        if after is not None and after != before:
+            updated[driver] = after
+    return updated
+
+
 class ReleaseRequest(NamedTuple):
     """An approver's request to release ``driver``'s brake that engaged at ``engaged_at``, with ``reason``;
     ``requester`` the username ``csinode-guard brake release`` read from a SelfSubjectReview."""

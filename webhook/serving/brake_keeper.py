@@ -3,7 +3,7 @@
 The Lease holder's audit loop (:mod:`webhook.serving.audit_loop`) calls :meth:`BrakeKeeper.evaluate` at the start
 of every audit pass (before it judges the stored CSINodes, so the pass that engages a brake also restores the
 counts it covers) and :meth:`BrakeKeeper.honour_requests` at every poll. The decision is
-:func:`webhook.admission.brake.decide_brake` over the CSINode cache (the admitted increases in the verified states)
+:func:`webhook.admission.brake.decide_brakes` over the CSINode cache (the admitted increases in the verified states)
 and the VolumeAttachment cache (the attach errors); the record is the signed ConfigMap
 (:mod:`webhook.kube.brakes`) every replica reads through its watch. A brake that engages or releases gets an
 audit-log record, an Event regarding the driver's CSIDriver (``kubectl describe csidriver DRIVER``) and the gauge
@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from webhook.admission.brake import (
-    admitted_increases,
     brake_audit_record,
-    decide_brake,
+    decide_brakes,
     describe,
     honour_release,
     release_hint,
 )
-from webhook.admission.cluster import AttachErrorClass, Brake
+from webhook.admission.cluster import Brake
 from webhook.admission.durations import format_duration
 from webhook.admission.policy import Policy
 from webhook.admission.state import format_time
@@ -85,29 +84,16 @@ class BrakeKeeper:
         logged and tried again at the next pass."""
         if self.writer is None:
             return {}
-        settings = policy.brake
         records = self.view.csinode_records()
-        nodes = [r.csinode.name for r in records]
-        increases = admitted_increases(
-            ((r.csinode.name, r.decoded.state) for r in records), now - timedelta(seconds=settings.lookback)
-        )
         current = self.brakes()
-        drivers = set(increases) | {d for d, b in current.items() if b.engaged}
-        changed: list[Brake] = []
-        updated = dict(current)
-        for driver in sorted(drivers):
-            before = current.get(driver)
-            newest = None
-            if before is not None and before.engaged:
-                newest = self._newest_failure(nodes, driver, before.window_start)
-            after = decide_brake(
-                driver, settings, before, increases.get(driver, ()), self.view.attach_errors, newest, now
-            )
-            if after is None or after == before:
-                continue
-            updated[driver] = after
-            if before is None or before.engaged != after.engaged:
-                changed.append(after)
+        updated = decide_brakes(
+            policy.brake, current, [(r.csinode.name, r.decoded.state) for r in records], self.view.attach_errors, now
+        )
+        changed = [
+            after
+            for driver, after in sorted(updated.items())
+            if (before := current.get(driver)) is None or before.engaged != after.engaged
+        ]
         if updated != current and self._write(updated, False):
             self._tell(changed, policy, generation, now)
         self._publish()
@@ -135,16 +121,6 @@ class BrakeKeeper:
         if self._write(current, True):
             self._tell([released], policy, generation, now)
         self._publish()
-
-    def _newest_failure(self, nodes: list[str], driver: str, since: datetime) -> datetime | None:
-        """The newest capacity-class attach failure of ``driver`` on any of ``nodes`` at or after ``since``."""
-        times = [
-            e.time
-            for node in nodes
-            for e in self.view.attach_errors(node, driver, since) or ()
-            if e.error_class is AttachErrorClass.CAPACITY
-        ]
-        return max(times) if times else None
 
     def _write(self, brakes: Mapping[str, Brake], clear_release: bool) -> bool:
         assert self.writer is not None

@@ -41,7 +41,11 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
         ctx = judgement.contexts[c.driver]
         prev = write.entries.get(c.driver)
         freeze = i in settlement.freezing
-        if final == c.old and not c.registration:
+        raised = next_raised(prev.raised if prev else None, c.old, final, now, write.policy.brake.lookback)
+        # A count judged from the count before a braked increase (``prev`` is that view, the state still records
+        # the raised count) and held there is recorded: it clears ``raised``.
+        restored = prev is not None and prev.raised is not None and raised is None
+        if final == c.old and not c.registration and not restored:
             outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
             continue
         if (
@@ -52,8 +56,11 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             and ctx.driver_version in (None, prev.writer_version)
             and pins.get(c.driver, prev.pinned) == prev.pinned
             and prev.removed_at is None
+            and raised == prev.raised
         ):
-            # A plugin restart that brings the entry back as it was: nothing new to record (no state churn).
+            # A plugin restart that brings the entry back as it was: nothing new to record (no state churn). Not
+            # while a brake judges the entry from the count before its increase (``prev`` is that view: the state
+            # still records the raised count, and the registration clamped to the trusted one clears ``raised``).
             outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
             continue
         frozen_until = prev.frozen_until if prev and prev.frozen_until and prev.frozen_until > now else None
@@ -79,7 +86,7 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             correction=correction,
             pinned=pins.get(c.driver, prev.pinned if prev else None),
             # The first increase admitted inside the brake's lookback and the count trusted before it.
-            raised=next_raised(prev.raised if prev else None, c.old, final, now, write.policy.brake.lookback),
+            raised=raised,
         )
         if entries is None:
             entries = dict(write.entries)
