@@ -99,6 +99,11 @@ ROWS: tuple[Row, ...] = (
               "frozen entries) and writer-version (old or rolled-back drivers) per second, by driver.", "reqps", (
                   q(f'sum by (rule, driver) (csinode_guard:violations:rate5m{{{SEL}, '
                     f'rule=~"count-rollback|writer-version"}})', "{{rule}} {{driver}}"),)),
+        Panel("Brakes engaged by driver", "1 while the automatic brake of a driver is engaged: capacity-class "
+              "attach failures followed the increases the guard admitted, every increase of the driver is held "
+              "cluster-wide (docs/brake.md). One line at 0 while no brake was ever engaged.", "short", (
+                  q(f'max by (driver) (csinode_guard_brake_engaged{{{SEL}}}) or on() vector(0)', "{{driver}}"),),
+              red=1),
     )),
     Row("Headroom", (
         Panel("Attach headroom per driver", "Mean allocatable count minus attached volumes of the nodes whose writes "

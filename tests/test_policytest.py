@@ -375,3 +375,49 @@ def test_a_writer_version_pass_says_when_the_version_could_not_be_compared(
     [line] = [line for line in _why_lines(result.stdout) if line.startswith("writer-version")]
     # The source (annotation, pod, kubelet) is the driver profile's; the rest of the sentence is the point.
     assert re.search(re.escape(expected).replace(re.escape("(annotation source)"), r"\(\w+ source\)"), line), line
+
+
+# -- the automatic brake ----------------------------------------------------------------------------------------
+
+
+def rollout_with_failures(code: int, expect_engaged: bool) -> dict[str, Any]:
+    """Three nodes raised 20 -> 25, then attach errors with ``code`` on two of them, then an increase on the third
+    that expects the brake ``expect_engaged`` and the matching decision."""
+    nodes = {f"node-{i}": {"drivers": {EBS: 20}} for i in (1, 2, 3)}
+    steps: list[dict[str, Any]] = [
+        {"node": n, "after": "1s", "drivers": {EBS: 25}, "expect": {"decision": "allow"}} for n in nodes
+    ]
+    steps += [{"node": n, "at": "10m", "attachErrors": [{"driver": EBS, "code": code}]} for n in ("node-1", "node-2")]
+    held = {"decision": "clamp", "rules": ["count-rollback"], "final": {EBS: 20}}
+    steps.append(
+        {
+            "node": "node-3",
+            "after": "1m",
+            "drivers": {EBS: 26},
+            "expect": {"brake": {EBS: expect_engaged}, **(held if expect_engaged else {"decision": "allow"})},
+        }
+    )
+    return {"name": f"errorCode {code}", "nodes": nodes, "steps": steps}
+
+
+def test_a_brake_expectation_is_checked_against_the_leaders_decision(tmp_path: Path) -> None:
+    passing = cli(
+        "policy",
+        "test",
+        str(make_test_file(tmp_path, [rollout_with_failures(8, True), rollout_with_failures(9, False)])),
+    )
+    assert passing.returncode == 0, passing.stdout + passing.stderr
+    wrong = cli("policy", "test", str(make_test_file(tmp_path, [rollout_with_failures(9, True)], name="w.yaml")))
+    assert wrong.returncode == 1
+    assert "brake ebs.csi.aws.com: expected engaged, got not engaged" in wrong.stdout
+    assert "decision: expected clamp, got allow" in wrong.stdout
+
+
+def test_a_policy_without_the_brake_engages_none(tmp_path: Path) -> None:
+    off = policy_with(tmp_path, brake__enabled=False)
+    result = cli("policy", "test", str(make_test_file(tmp_path, [rollout_with_failures(8, False)], policy=off)))
+    assert result.returncode == 0, result.stdout + result.stderr
+    engaged = cli(
+        "policy", "test", str(make_test_file(tmp_path, [rollout_with_failures(8, True)], policy=off, name="e.yaml"))
+    )
+    assert "brake ebs.csi.aws.com: expected engaged, got not engaged" in engaged.stdout

@@ -26,6 +26,7 @@ COMMANDS: Mapping[str, str] = {
     "restore": "webhook.commands.restore:restore",
     "preflight": "webhook.commands.preflight:preflight",
     "status": "webhook.commands.status:status",
+    "brake": "webhook.commands.brake:brake",
     "uninstall": "webhook.commands.uninstall:uninstall",
     "completion": "webhook.commands.completion:completion",
 }

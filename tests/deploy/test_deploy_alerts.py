@@ -19,6 +19,7 @@ GUARD_METRICS = {
     "csinode_guard_state_verification_failures_total",
     "csinode_guard_serving_certificate_expiry_timestamp_seconds",
     "csinode_guard_freezes_total",
+    "csinode_guard_brake_engaged",
     "csinode_guard_cache_synced",
     "csinode_guard_cache_staleness_seconds",
     "csinode_guard_persistent_disagreement_total",
@@ -215,6 +216,20 @@ CASES: list[tuple[str, str, list[dict[str, str]], list[dict[str, str]]]] = [
         "CSINodeGuardPolicyFileInvalid",
         "10m",
         [_series("csinode_guard_policy_file_invalid", POD, "0 0 1 1 0x10")],
+        [],
+    ),
+    (
+        # The leader engaged the brake of one driver; the other replica reports nothing for it.
+        "CSINodeGuardBrakeEngaged",
+        "3m",
+        [_series("csinode_guard_brake_engaged", f'{POD}, driver="ebs.csi.aws.com"', "0 1x5")],
+        [{"severity": "warning", "namespace": "csinode-guard", "driver": "ebs.csi.aws.com"}],
+    ),
+    (
+        # Released by its quiet period: nothing fires.
+        "CSINodeGuardBrakeEngaged",
+        "5m",
+        [_series("csinode_guard_brake_engaged", f'{POD}, driver="ebs.csi.aws.com"', "1 1 0x5")],
         [],
     ),
     (

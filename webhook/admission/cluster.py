@@ -79,6 +79,47 @@ class RetainedState(NamedTuple):
     saved_at: datetime
 
 
+class BrakeEvidence(NamedTuple):
+    """One node's evidence for a brake: the guard admitted the increase ``before`` -> ``after`` (None: unbounded)
+    of the driver on ``node`` at ``raised_at`` (its signed state's ``raised``), and VolumeAttachment
+    ``volume_attachment`` reported the attach error ``code`` at ``failed_at``, after it (both UTC)."""
+
+    node: str
+    before: int
+    after: int | None
+    raised_at: datetime
+    failed_at: datetime
+    volume_attachment: str
+    code: int | None
+
+
+@dataclass(frozen=True)
+class Brake:
+    """One driver's brake as the audit leader recorded it (:mod:`webhook.admission.brake`).
+
+    ``engaged_at`` when it engaged (UTC); ``window_start`` the increases admitted at or after it are restored
+    (``engaged_at`` minus the policy's ``lookback``); ``last_failure_at`` the newest capacity-class attach failure
+    of the driver seen anywhere (the quiet period counts from it); ``evidence`` the failed nodes' increases and
+    failures, ``raised_nodes`` how many nodes had an admitted increase inside the lookback; ``released_at`` None
+    while engaged, else when it released, ``released_by`` who (``quiet-period``, ``policy`` or the approver's
+    username) and ``release_reason`` why."""
+
+    driver: str
+    engaged_at: datetime
+    window_start: datetime
+    last_failure_at: datetime
+    evidence: tuple[BrakeEvidence, ...]
+    raised_nodes: int
+    released_at: datetime | None = None
+    released_by: str = ""
+    release_reason: str = ""
+
+    @property
+    def engaged(self) -> bool:
+        """True until it is released."""
+        return self.released_at is None
+
+
 class ClusterView(Protocol):
     """Read-only cluster facts for one admission decision. Every method returns None for *unknown*.
 
@@ -145,6 +186,11 @@ class ClusterView(Protocol):
         signature is checked by the reader (``RetainedState.decoded``)."""
         ...
 
+    def brake(self, driver: str) -> Brake | None:
+        """The driver's engaged :class:`Brake` (the audit leader's signed record), or None when none is engaged or
+        it is unknown (the rules then judge increases on their own merits)."""
+        ...
+
 
 @dataclass
 class StaticClusterView:
@@ -171,6 +217,7 @@ class StaticClusterView:
     """True when ``nodes`` lists every Node of the cluster (then a node not in it does not exist)."""
     csidrivers: frozenset[str] | None = None
     """The CSIDriver objects the cluster has, by name; None: unknown."""
+    brakes: dict[str, Brake] = field(default_factory=dict)
 
     def node_exists(self, node: str) -> bool | None:
         """See :meth:`ClusterView.node_exists`: True for a node given in ``nodes``; unknown (None) otherwise, unless
@@ -232,6 +279,11 @@ class StaticClusterView:
         """See :meth:`ClusterView.retained_state`."""
         return self.retained.get(node)
 
+    def brake(self, driver: str) -> Brake | None:
+        """See :meth:`ClusterView.brake`: the record in ``brakes`` while it is engaged."""
+        found = self.brakes.get(driver)
+        return found if found is not None and found.engaged else None
+
 
 class UnknownClusterView:
     """A :class:`ClusterView` that knows nothing: the offline default when no cluster is configured."""
@@ -277,6 +329,10 @@ class UnknownClusterView:
         return None
 
     def retained_state(self, node: str) -> RetainedState | None:
+        """Always unknown."""
+        return None
+
+    def brake(self, driver: str) -> Brake | None:
         """Always unknown."""
         return None
 

@@ -216,6 +216,24 @@ class ClusterBudget:
 
 
 @dataclass(frozen=True)
+class BrakeSettings:
+    """``spec.brake``: when capacity-class attach failures follow the increases the guard admitted, hold every
+    increase of that driver cluster-wide (:mod:`webhook.admission.brake`).
+
+    ``enabled`` the audit leader engages brakes at all; ``lookback`` seconds: an increase admitted this recently,
+    and a VolumeAttachment attach error with gRPC code 8 (ResourceExhausted) on that node after it, are evidence;
+    the brake engages when at least ``min_nodes`` nodes with such an increase had such a failure, or at least
+    ``min_fraction`` of the nodes with such an increase (counted only when two or more failed);
+    ``quiet_period`` seconds without a capacity-class failure of the driver anywhere release it."""
+
+    enabled: bool = True
+    lookback: float = 3600.0
+    min_nodes: int = 3
+    min_fraction: float = 0.5
+    quiet_period: float = 1800.0
+
+
+@dataclass(frozen=True)
 class Policy:
     """A loaded, validated GuardPolicy. ``hash`` is the SHA-256 of the canonical document (audit, metric)."""
 
@@ -233,6 +251,7 @@ class Policy:
     default_driver: DriverPolicy
     drivers: Mapping[str, DriverPolicy]
     document: Mapping[str, Any]
+    brake: BrakeSettings = field(default_factory=BrakeSettings)
 
     def declares_versions(self, username: str, groups: tuple[str, ...]) -> bool:
         """True when the requester may set the driver-versions annotation: a principal listed under
@@ -551,6 +570,19 @@ def parse_policy(doc: Any, source: str = "<policy>", policy_dir: Path | None = N
         default_driver=default_driver,
         drivers=drivers,
         document=doc,
+        brake=_brake_settings(spec.get("brake") or {}),
+    )
+
+
+def _brake_settings(raw: Mapping[str, Any]) -> BrakeSettings:
+    """``spec.brake`` (schema-checked) with the bundled defaults for what it leaves out."""
+    defaults = BrakeSettings()
+    return BrakeSettings(
+        enabled=bool(raw.get("enabled", defaults.enabled)),
+        lookback=parse_duration(raw["lookback"]) if "lookback" in raw else defaults.lookback,
+        min_nodes=int(raw.get("minNodes", defaults.min_nodes)),
+        min_fraction=float(raw.get("minFraction", defaults.min_fraction)),
+        quiet_period=parse_duration(raw["quietPeriod"]) if "quietPeriod" in raw else defaults.quiet_period,
     )
 
 

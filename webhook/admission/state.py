@@ -33,6 +33,10 @@ Optional members, each left out when unset (so states written before they existe
 - ``drivers.<name>.removedAt``: when the guard first wrote a state while the driver was not in the object (a
   removed driver's history is kept for :data:`webhook.admission.state_bounds.REMOVED_RETENTION` from then; cleared
   when the driver is back).
+- ``drivers.<name>.raised``: ``{"at": "...", "from": 20}``, the first increase of the entry the guard admitted within
+  the brake's ``lookback`` and the count trusted before it (None ``from``: never; the entry is left without it). The
+  audit leader relates capacity-class attach failures to these increases, and an engaged brake restores ``from``
+  (:mod:`webhook.admission.brake`). Cleared when the count comes back to ``from`` or below.
 - ``scope``: the ``enforcementScope.nodeSelector`` (canonical JSON of its ``matchLabels``) the object was judged
   in: once in scope, a node that removes the label stays enforced (leaving needs a justifier's annotation).
 - ``cut``: how many entries were left out when the state was written, to keep it within its bounds (a cap on
@@ -127,6 +131,14 @@ class Approval(NamedTuple):
         return self.min_count <= count <= self.max_count
 
 
+class Raised(NamedTuple):
+    """The first increase of an entry the guard admitted within the brake's lookback: when (``at``, UTC) and the
+    count trusted before it (``before``; a bounded count: an entry that was unbounded is never raised)."""
+
+    at: datetime
+    before: int
+
+
 class PinnedLabel(NamedTuple):
     """The node label ``label`` had ``value`` when it selected the entry's ceiling (see :mod:`ceiling_pin`)."""
 
@@ -149,6 +161,7 @@ class EntryState:
     pinned: PinnedLabel | None = None
     removed_at: datetime | None = None
     reported: int | None = None
+    raised: Raised | None = None
 
 
 class DeclaredVersion(NamedTuple):
@@ -282,6 +295,8 @@ def entry_document(e: EntryState) -> dict[str, Any]:
         entry["removedAt"] = format_time(e.removed_at)
     if e.reported is not None:
         entry["reported"] = e.reported
+    if e.raised is not None:
+        entry["raised"] = {"at": format_time(e.raised.at), "from": e.raised.before}
     return entry
 
 
@@ -366,6 +381,8 @@ def _decode_entry(raw: Any) -> EntryState:
     pinned = raw.get("pinned")
     removed = raw.get("removedAt")
     reported = _opt_int(raw.get("reported"))
+    raised = raw.get("raised")
+    raised_before = _opt_int(raised["from"]) if raised is not None else None
     return EntryState(
         count=_opt_int(raw.get("count")),
         changed_at=parse_time(raw["changedAt"]),
@@ -375,6 +392,8 @@ def _decode_entry(raw: Any) -> EntryState:
         pinned=PinnedLabel(str(pinned["label"]), str(pinned["value"])) if pinned is not None else None,
         removed_at=parse_time(removed) if removed is not None else None,
         reported=reported,
+        raised=Raised(parse_time(raised["at"]), raised_before)
+        if raised is not None and raised_before is not None else None,
     )
 
 

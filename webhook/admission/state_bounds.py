@@ -89,8 +89,8 @@ def _replace(entry: EntryState, *, removed_at: datetime | None) -> EntryState:
 
 def protects(entry: EntryState, now: datetime) -> bool:
     """True when ``entry`` holds something the rules cannot get back from the ceilings: a pinned ceiling label,
-    a freeze running at ``now``, or a recorded correction."""
-    return (entry.pinned is not None or entry.correction is not None
+    a freeze running at ``now``, a recorded correction, or an admitted increase the brake may restore."""
+    return (entry.pinned is not None or entry.correction is not None or entry.raised is not None
             or (entry.frozen_until is not None and entry.frozen_until > now))
 
 

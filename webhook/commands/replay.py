@@ -134,6 +134,8 @@ def _table_summary(s: Summary) -> list[str]:
                  f"{stats['activeMinutes']} active minutes; busiest minutes (top {stats['busiestShown']} only):")
     for b in stats["busiest"]:
         lines.append(f"    {b['minute']}  {b['changes']}")
+    for b in s.brakes:
+        lines.append(f"  brake {'engaged' if b['engaged'] else 'released'} at {b['time']}: {b['message']}")
     if s.problems:
         shown = s.problems[:PROBLEMS_SHOWN]
         lines.append(f"  first problems ({len(shown)} of {s.bad_lines}):")

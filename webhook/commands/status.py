@@ -11,9 +11,12 @@ from pathlib import Path
 
 import click
 
+from webhook.admission.brake import brake_json
 from webhook.admission.capacity import build_report, format_table, report_json
+from webhook.admission.cluster import Brake
 from webhook.admission.durations import parse_duration
 from webhook.admission.state import StateKeys
+from webhook.commands.brake import format_brakes, read_brakes
 from webhook.commands.options import (
     GuardPolicyUnreadableError,
     NoClusterError,
@@ -55,6 +58,8 @@ CannotReadError = NoClusterError
               "as 'unverified'.")
 @click.option("--errors-within", default="1h", show_default=True, metavar="DURATION",
               help="Attach errors this recent are shown.")
+@click.option("--namespace", "-n", default="csinode-guard", show_default=True, envvar="CSINODE_GUARD_NAMESPACE",
+              show_envvar=True, help="The guard's namespace, where the audit leader records the brakes.")
 @guard_policy_option
 @cluster_options
 def status(
@@ -67,6 +72,7 @@ def status(
     guard_policy: str,
     state_key_file: Path | None,
     errors_within: str,
+    namespace: str,
     kubeconfig: str | None,
     context: str | None,
 ) -> None:
@@ -79,7 +85,8 @@ def status(
     least headroom, with a one-line cluster summary on top. Reads one LIST per kind (CSINodes, Nodes,
     VolumeAttachments, Pending Pods, CSIDrivers, the audit's Events in default); needs get/list on them. Then the
     standing violations: which node and entry the audit (admission's judgement) no longer allows, why, and since
-    when (the audit's Event).
+    when (the audit's Event), and the engaged brakes with their evidence (the ConfigMap csinode-guard-brakes in
+    --namespace; skipped when it cannot be read).
     """
     keys = _keys(state_key_file) if state_key_file is not None else None
     try:
@@ -97,6 +104,7 @@ def status(
             node_objects, csinodes, attachments, pending = read_cluster(client, selector)
             since = read_audit_events(client)
             csidrivers = read_csidrivers(client)
+            brakes, verified = status_brakes(client, namespace, keys)
     except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
         raise CannotReadError(api_failure("cannot read the cluster", exc).message) from None
     wanted: set[str] | None = None
@@ -108,16 +116,33 @@ def status(
     report = build_report(csinodes, node_objects, attachments, pending, policy=policy, now=now, keys=keys,
                           errors_within=window, node_names=wanted, driver_names=drivers or None)
     cluster = status_cluster_view(node_objects, attachments, csidrivers, keys)
+    cluster.brakes.update(brakes)
     standing = standing_findings(csinodes, cluster, policy, keys, now, node_names=wanted)
     if drivers:
         standing = [f for f in standing if f.driver in drivers]
     if output in ("json", "yaml"):
         document = {**report_json(report), "standingViolations": findings_json(standing, since),
+                    "brakes": [brake_json(b) for b in sorted(brakes.values(), key=lambda b: b.driver)],
                     "policy": served.to_json()}
         echo_document(document, output)
     else:
         sys.stdout.write(format_table(report, now, wide=output == "wide") + format_findings(standing, since))
+        engaged = {d: b for d, b in brakes.items() if b.engaged}
+        if engaged:
+            sys.stdout.write("\nBrakes engaged (increases held cluster-wide; csinode-guard brake list):\n"
+                             + format_brakes(engaged, now, verified))
         sys.stdout.write(f"Judged with {served.describe()}\n")
+
+
+def status_brakes(client: kubeapi.KubeClient, namespace: str, keys: StateKeys | None) -> tuple[dict[str, Brake],
+                                                                                                bool]:
+    """The brakes the audit leader recorded (verified with ``keys``, else read unverified) and whether they were
+    verified; none when the record cannot be read (no get on it: ``status`` still shows the rest)."""
+    try:
+        brakes, _, verified = read_brakes(client, namespace, keys)
+    except click.ClickException:
+        return {}, keys is not None
+    return brakes, verified
 
 
 def read_cluster(client: kubeapi.KubeClient, selector: str | None) -> tuple[list[kubeapi.JSON], ...]:

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,9 +45,10 @@ def event_name(node: str, key: str) -> str:
 
 
 def event_body(node: str, uid: str, *, reason: str, action: str, note: str, warning: bool, instance: str,
-               now: datetime, name: str | None = None) -> dict[str, Any]:
-    """An ``events.k8s.io/v1`` Event regarding CSINode ``node`` (``uid``); ``note`` is cut to 1 KiB; ``name``
-    None: a generated name."""
+               now: datetime, name: str | None = None, regarding: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """An ``events.k8s.io/v1`` Event regarding CSINode ``node`` (``uid``), or the cluster-scoped object
+    ``regarding`` names (``apiVersion``, ``kind``, ``name``; a brake's Event is about the CSIDriver); ``note`` is
+    cut to 1 KiB; ``name`` None: a generated name."""
     metadata: dict[str, Any] = {"namespace": EVENT_NAMESPACE,
                                 "labels": {EVENT_LABEL: "standing" if warning else "reconciled"}}
     if name:
@@ -64,7 +66,8 @@ def event_body(node: str, uid: str, *, reason: str, action: str, note: str, warn
         "reason": reason,
         "type": "Warning" if warning else "Normal",
         "note": note if len(note) <= NOTE_LIMIT else note[: NOTE_LIMIT - 3] + "...",
-        "regarding": {"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "name": node, "uid": uid},
+        "regarding": dict(regarding) if regarding is not None else
+        {"apiVersion": "storage.k8s.io/v1", "kind": "CSINode", "name": node, "uid": uid},
     }
 
 
@@ -83,7 +86,7 @@ class EventRecorder:
         self.dropped = 0
 
     def emit(self, node: str, uid: str, key: str, *, reason: str, action: str, note: str,
-             warning: bool = True, name: str | None = None) -> bool:
+             warning: bool = True, name: str | None = None, regarding: Mapping[str, str] | None = None) -> bool:
         """Send one Event unless (node, key) had one within ``repeat_after`` s or the rate limit is reached;
         True when it was sent. With ``name`` (deterministic per finding) an Event that exists already (another
         replica, an earlier leader) is not sent again. API errors are logged, never raised."""
@@ -101,7 +104,7 @@ class EventRecorder:
             while len(self._seen) > MAX_REMEMBERED:
                 self._seen.popitem(last=False)
         body = event_body(node, uid, reason=reason, action=action, note=note, warning=warning,
-                          instance=self.instance, now=datetime.now(UTC), name=name)
+                          instance=self.instance, now=datetime.now(UTC), name=name, regarding=regarding)
         path = f"/apis/events.k8s.io/v1/namespaces/{EVENT_NAMESPACE}/events"
         try:
             self.client.send(ApiRequest("POST", path, body=body))

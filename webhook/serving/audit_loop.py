@@ -9,8 +9,9 @@ watch, Node labels for the ceilings) and its policy store, so it costs no second
 
 Passes: at ``start`` (once the CSINode cache synced after this process became the leader), after every
 ``relist`` of the CSINode watch, after a ``policy-reload`` (a new policy generation) and every ``interval``
-seconds. A pass judges every record with :func:`webhook.admission.standing.judge_standing` (admission's own judgement,
-with the same cluster view admission asks), publishes the
+seconds. A pass first decides the brakes (:mod:`webhook.serving.brake_keeper`; an approver's release request is
+honoured at every poll), then judges every record with :func:`webhook.admission.standing.judge_standing`
+(admission's own judgement, with the same cluster view admission asks), publishes the
 ``csinode_guard_standing_violations`` gauge, sends an Event per new finding (deduplicated, rate-limited),
 writes an audit record per new or changed finding (``source: audit``), and with ``clamp`` lowers the counts
 through the apiserver (:func:`webhook.kube.repair.repair_csinode`, at the client-side write rate limit). A
@@ -32,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from webhook.admission.cluster import AttachError, RetainedState
+from webhook.admission.cluster import AttachError, Brake, RetainedState
 from webhook.admission.csinode import CSINodeError, format_count, parse_csinode
 from webhook.admission.policy import Policy
 from webhook.admission.standing import (
@@ -44,6 +45,7 @@ from webhook.admission.standing import (
     reconcile_mode,
 )
 from webhook.admission.state import STATE_ANNOTATION, StateKeys, decode_state
+from webhook.kube.brakes import BrakeWriter
 from webhook.kube.events import EventRecorder, event_name
 from webhook.kube.kubeapi import KubeClient
 from webhook.kube.leader import LeaderElector, LeaseSettings
@@ -52,6 +54,7 @@ from webhook.kube.repair import RepairRateLimiter, RepairResult, repair_csinode
 from webhook.kube.watch.view import KubernetesClusterView
 from webhook.serving import audit_metrics
 from webhook.serving.audit_settings import AuditSettings
+from webhook.serving.brake_keeper import BrakeKeeper
 from webhook.serving.key_check import KeyCheck, check_state_key
 
 log = logging.getLogger("csinode_guard.audit")
@@ -116,6 +119,10 @@ class AuditLoop:
         if view.history_namespace:
             self.history = HistoryWriter(client, view.history_namespace, keys, view.retained_state)
         self._foreign_said = False
+        writer = None
+        if view.history_namespace and view.brakes is not None:
+            writer = BrakeWriter(client, view.history_namespace, keys)
+        self.brakes = BrakeKeeper(view, writer, self.events, audit, self._driver_label)
 
     # --- lifecycle --------------------------------------------------------------------------------------------
 
@@ -136,6 +143,7 @@ class AuditLoop:
         audit_metrics.LEADER.set(1 if leading else 0)
         if not leading:
             self._clear_gauges()
+            self.brakes.reset()
 
     def _replica_lock(self) -> bool:
         """Hold the replica's audit lock (non-blocking); True once held."""
@@ -184,6 +192,8 @@ class AuditLoop:
                 trigger = None
                 store = self.view.csinode_store
                 snapshot = self.policies.current()
+                if leading:
+                    self.brakes.honour_requests(snapshot.policy, snapshot.generation, datetime.now(UTC))
                 if not leading:
                     trigger = "start"
                 elif store.relists != relists:
@@ -229,7 +239,7 @@ class AuditLoop:
     def judge_all(self, policy: Policy, now: datetime) -> list[StandingJudgement]:
         """Judge every CSINode in the cache (no I/O but the cache's locks), with admission's judgement and the
         same cluster view admission asks (:class:`AuditClusterView`)."""
-        cluster = AuditClusterView(self.view)
+        cluster = AuditClusterView(self.view, self.brakes)
         return [judge_standing(record.csinode, record.decoded, policy, cluster, now, self.keys)
                 for record in self.view.csinode_records()]
 
@@ -237,6 +247,8 @@ class AuditLoop:
         """One audit pass (see the module docstring); returns its judgements."""
         started = time.perf_counter()
         now = datetime.now(UTC)
+        # The brakes first: the pass that engages one judges (and restores) the counts it covers.
+        self.brakes.evaluate(policy, generation, now)
         judgements = self.judge_all(policy, now)
         duration = time.perf_counter() - started
         audit_metrics.AUDIT_PASS_DURATION.observe(duration)
@@ -309,7 +321,7 @@ class AuditLoop:
             except CSINodeError:
                 return {}
             decoded = decode_state(node.annotations.get(STATE_ANNOTATION), node.uid, self.keys)
-            return judge_standing(node, decoded, policy, AuditClusterView(self.view), datetime.now(UTC),
+            return judge_standing(node, decoded, policy, AuditClusterView(self.view, self.brakes), datetime.now(UTC),
                                   self.keys).targets
 
         return judge
@@ -356,10 +368,16 @@ class AuditLoop:
 class AuditClusterView:
     """The worker's :class:`~webhook.kube.watch.view.KubernetesClusterView` as the audit asks it: every answer
     admission gets (driver versions, attach errors, update periods, the newest state sequence seen), the Node
-    labels read waiting for the cache's lock (the audit is off the admission path and has no time budget)."""
+    labels read waiting for the cache's lock (the audit is off the admission path and has no time budget), and the
+    brakes as the leader decided them (``keeper``; its own write may not be in the watch cache yet)."""
 
-    def __init__(self, view: KubernetesClusterView) -> None:
+    def __init__(self, view: KubernetesClusterView, keeper: BrakeKeeper | None = None) -> None:
         self._view = view
+        self._keeper = keeper
+
+    def brake(self, driver: str) -> Brake | None:
+        """See :meth:`webhook.admission.cluster.ClusterView.brake`."""
+        return self._keeper.brake(driver) if self._keeper is not None else self._view.brake(driver)
 
     def node_labels(self, node: str) -> Mapping[str, str] | None:
         """See :meth:`webhook.admission.cluster.ClusterView.node_labels`."""

@@ -58,3 +58,10 @@ LEASE_UNRENEWED = Gauge(
     "CSINodeGuardAuditLeaderless).",
     multiprocess_mode="livemax",
 )
+BRAKE_ENGAGED = Gauge(
+    "csinode_guard_brake_engaged",
+    "1 while the brake of a driver is engaged (capacity-class attach failures followed the increases the guard "
+    "admitted: every increase of the driver is held cluster-wide; docs/brake.md), else 0. Set by the audit leader.",
+    ["driver"],
+    multiprocess_mode="livemax",
+)

@@ -47,8 +47,14 @@ field. In short::
               warnings: ["part of a warning"]      # and noWarnings: true
               message: ["part of the denial"]
               state: {ebs.csi.aws.com: {count: 27, frozen: false, correction: resource-exhausted,
-                                        writerVersion: v1.37.0}}
-              approvals: 1
+                                        writerVersion: v1.37.0, raised: 20}}   # raised: the count before the
+              approvals: 1                                                    # increase the brake relates to
+              brake: {ebs.csi.aws.com: true}       # the driver's brake is engaged at this step
+
+The brake (``spec.brake``, docs/brake.md) is not stated but decided: before every step, at the step's time, the
+case takes the audit leader's decision (:func:`webhook.admission.brake.decide_brakes`) over every CSINode's signed
+state (the increases the guard admitted in the earlier steps) and the attach errors given so far (``attachErrors``
+with ``code: 8`` after the increases, on enough nodes). The step's write is judged with the brakes it records.
 """
 
 from __future__ import annotations
@@ -143,11 +149,21 @@ _EXPECT: dict[str, Any] = {
                     "frozen": {"type": "boolean"},
                     "correction": {"enum": ["resource-exhausted", "justification", None]},
                     "writerVersion": {"type": ["string", "null"]},
+                    "raised": {
+                        "type": ["integer", "null"],
+                        "description": "the count trusted before the increase the guard admitted inside the "
+                        "brake's lookback (null: none recorded)",
+                    },
                 },
                 "additionalProperties": False,
             },
         },
         "approvals": {"type": "integer", "minimum": 0},
+        "brake": {
+            "type": "object",
+            "description": "driver -> whether its brake is engaged at the step (after the leader's pass)",
+            "additionalProperties": {"type": "boolean"},
+        },
     },
     "additionalProperties": False,
 }

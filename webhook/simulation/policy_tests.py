@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from webhook.admission.brake import decide_brakes
 from webhook.admission.budget import IncreaseBudget
 from webhook.admission.cluster import AttachError, StaticClusterView
 from webhook.admission.durations import DURATION_PATTERN, parse_duration
@@ -284,12 +285,27 @@ class _Case:
             })
         return json.dumps(out)
 
+    def _leader_pass(self, now: datetime) -> None:
+        """The audit leader's brake decision at ``now`` (:func:`webhook.admission.brake.decide_brakes`), as the
+        guard takes it at the start of every audit pass: over every stored CSINode's verified state and the
+        case's attach errors. The brakes it records are what the step's write is judged with."""
+        states = []
+        for node, obj in self.objects.items():
+            meta = (obj or {}).get("metadata") or {}
+            raw = (meta.get("annotations") or {}).get(STATE_ANNOTATION)
+            decoded = decode_state(raw, str(meta.get("uid") or ""), self.keys) if raw is not None else None
+            states.append((node, decoded.state if decoded is not None else None))
+        self.cluster.brakes = decide_brakes(
+            self.policy.brake, self.cluster.brakes, states, self.cluster.attach_errors, now
+        )
+
     def run_step(self, index: int, step: Mapping[str, Any], offset: float, where: str) -> StepResult:
         now = self.start + timedelta(seconds=offset)
         node = self._node_of(step, where)
         self._apply_node_facts(node, step, now, where)
         if step.get("driverVersions"):
             self._publish_versions(node, step["driverVersions"])
+        self._leader_pass(now)
         stored = self.objects[node]
         operation = str(step.get("operation", "UPDATE"))
         writes = any(k in step for k in ("drivers", "annotations", "justification", "object")) or operation != "UPDATE"
@@ -386,8 +402,11 @@ class _Case:
         if outcome is None:
             for key in ("decision", "allowed", "called", "rules", "written", "warnings", "message"):
                 if key in expect:
-                    raise PolicyTestError(self.source, f"{where}.expect.{key}",
-                                          "a step without a write has no decision; expect only final and state")
+                    raise PolicyTestError(
+                        self.source,
+                        f"{where}.expect.{key}",
+                        "a step without a write has no decision; expect only final, state and brake",
+                    )
         else:
             if "decision" in expect and expect["decision"] != outcome.decision.value:
                 failures.append(f"decision: expected {expect['decision']}, got {outcome.decision.value}")
@@ -422,6 +441,11 @@ class _Case:
             stored_count: int | str | None = counts.get(driver, ABSENT)
             if want != stored_count:
                 failures.append(f"final {driver}: expected {_show(want)}, got {_show(stored_count)}")
+        for driver, engaged in (expect.get("brake") or {}).items():
+            brake = self.cluster.brake(driver)
+            if (brake is not None) != engaged:
+                got = f"engaged at {format_time(brake.engaged_at)}" if brake is not None else "not engaged"
+                failures.append(f"brake {driver}: expected {'engaged' if engaged else 'not engaged'}, got {got}")
         state_expect = expect.get("state") or {}
         approvals = expect.get("approvals")
         if state_expect or approvals is not None:
@@ -459,6 +483,10 @@ class _Case:
                 if basis != want["correction"]:
                     failures.append(f"state {driver} correction: expected {want['correction'] or 'none'}, "
                                     f"got {basis or 'none'}")
+            if "raised" in want:
+                before = entry.raised.before if entry.raised is not None else None
+                if before != want["raised"]:
+                    failures.append(f"state {driver} raised: expected from {want['raised']}, got from {before}")
             if "writerVersion" in want and want["writerVersion"] != entry.writer_version:
                 failures.append(f"state {driver} writerVersion: expected {want['writerVersion']}, "
                                 f"got {entry.writer_version}")

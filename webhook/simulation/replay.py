@@ -21,6 +21,11 @@ What it needs from the log:
   errors with their gRPC code (``volumeattachments``, ``status.attachError.errorCode``; 8 = ResourceExhausted).
   ``--cluster-facts`` adds facts the log lacks. Attach errors are *unknown* until the first VolumeAttachment
   event, as for a guard whose cache has not synced. A ``pod`` version source is not replayed (no pod events).
+- **The brake** (``spec.brake``): before every judged write, at its time, the audit leader's decision
+  (:func:`webhook.admission.brake.decide_brakes`) over the replayed states (the increases the guard would have
+  admitted) and the attach errors logged so far; the write is judged with the brakes it records, the summary lists
+  the brakes that engaged or released and ``audit_sink`` gets the leader's records. The guard decides at the start
+  of every audit pass, so a live guard may engage up to one audit interval later than the replay.
 
 Order: audit backends write an event when its stage completes, so ``requestReceivedTimestamp`` order differs from
 line order by up to the longest request. Files are merged line by line in requestReceivedTimestamp order (rotated
@@ -60,12 +65,13 @@ from typing import Any
 import jsonpatch
 
 from webhook.admission.audit_records import build_records
+from webhook.admission.brake import brake_audit_record, decide_brakes
 from webhook.admission.budget import IncreaseBudget
 from webhook.admission.cluster import AttachError, StaticClusterView
 from webhook.admission.csinode import format_count
 from webhook.admission.evaluation import AdmissionDecision, Mode
 from webhook.admission.policy import Policy
-from webhook.admission.state import STATE_ANNOTATION, StateKeys, format_time, parse_time
+from webhook.admission.state import STATE_ANNOTATION, GuardState, StateKeys, decode_state, format_time, parse_time
 from webhook.simulation.chain import admit_write
 from webhook.simulation.replay_input import Progress, order_files, scan_lines
 from webhook.simulation.replay_results import FACT_RESOURCES, Problem, Row, Summary
@@ -182,6 +188,8 @@ class Replayer:
         self.budget = IncreaseBudget(cfg.increases_per_second, cfg.burst) if cfg else None
         self.objects: dict[str, dict[str, Any]] = {}
         self.states: dict[str, str] = {}
+        self.raised: dict[str, GuardState] = {}
+        """The replayed states that record an admitted increase (``raised``): the brake's evidence."""
 
     # facts ------------------------------------------------------------------------------------------------------
     def _node_facts(self, event: Mapping[str, Any]) -> None:
@@ -231,7 +239,8 @@ class Replayer:
         code = error.get("errorCode")
         name = str((obj.get("metadata") or {}).get("name") or "")
         key = (str(node), str(driver))
-        horizon = now - timedelta(seconds=self.policy.evidence_within + 3600)
+        kept_for = max(self.policy.evidence_within, self.policy.brake.lookback, self.policy.brake.quiet_period)
+        horizon = now - timedelta(seconds=kept_for + 3600)
         kept = [e for e in self.cluster.attach_error_list.get(key, []) if e.time >= horizon]
         if not any(e.volume_attachment == name and e.time == when for e in kept):
             kept.append(AttachError(code=int(code) if isinstance(code, int) else None, time=when,
@@ -292,6 +301,7 @@ class Replayer:
             if persisted:
                 self.objects.pop(name, None)
                 self.states.pop(name, None)
+                self.raised.pop(name, None)
             return
         if verb == "create":
             # A CREATE reaches the guard (the never-refused entry): judged on the ceilings, without a state.
@@ -305,6 +315,7 @@ class Replayer:
             if persisted and isinstance(created, dict):
                 self.objects[name] = created
                 self.states.pop(name, None)
+                self.raised.pop(name, None)
             return
         old = self.objects.get(name)
         new: Any = None
@@ -337,10 +348,54 @@ class Replayer:
         if persisted:
             self.objects[name] = stored_after
 
+    def _leader_pass(self, now: datetime) -> None:
+        """The audit leader's brake decision at ``now`` (:func:`webhook.admission.brake.decide_brakes`) over the
+        replayed states (the increases the guard would have admitted) and the log's attach errors, taken before
+        every judged write as the guard takes it at the start of every audit pass. A brake that engages or releases
+        is counted in the summary and written to ``audit_sink`` as the leader's audit record."""
+        nodes = set(self.objects) | set(self.raised) | {n for n, _ in self.cluster.attach_error_list}
+        current = self.cluster.brakes
+        updated = decide_brakes(
+            self.policy.brake,
+            current,
+            [(n, self.raised.get(n)) for n in sorted(nodes)],
+            self.cluster.attach_errors,
+            now,
+        )
+        if updated == current:
+            return
+        self.cluster.brakes = updated
+        for driver, brake in sorted(updated.items()):
+            before = current.get(driver)
+            if before is not None and before.engaged == brake.engaged:
+                continue
+            self.summary.add_brake(brake, now)
+            if self.audit_sink is not None:
+                record = brake_audit_record(
+                    brake,
+                    now=now,
+                    policy_hash=self.policy.hash,
+                    policy_generation=1,
+                    quiet_period=self.policy.brake.quiet_period,
+                )
+                self.audit_sink([record])
+
+    def _remember_state(self, name: str, stored: Mapping[str, Any] | None, state: str) -> None:
+        """Keep the replayed state ``state`` of ``name``, and its verified form when it records an increase."""
+        self.states[name] = state
+        uid = str(((stored or {}).get("metadata") or {}).get("uid") or "")
+        decoded: GuardState | None = decode_state(state, uid, self.keys).state
+        if decoded is not None and any(e.raised is not None for e in decoded.entries.values()):
+            self.raised[name] = decoded
+        else:
+            self.raised.pop(name, None)
+
     def _judge(self, event: Mapping[str, Any], name: str, old: Mapping[str, Any] | None, new: Mapping[str, Any],
                verb: str, now: datetime, dry_run: bool, persisted: bool) -> None:
         """Judge one write through :func:`webhook.simulation.chain.admit_write`; ``old`` None is a CREATE (sent as the
-        client sent it: the state model applies to UPDATEs only, a CREATE carries no state of its own)."""
+        client sent it: the state model applies to UPDATEs only, a CREATE carries no state of its own). The brakes
+        are decided first (:meth:`_leader_pass`)."""
+        self._leader_pass(now)
         user = event.get("impersonatedUser") or event.get("user") or {}
         username = str(user.get("username") or "")
         groups = [str(g) for g in user.get("groups") or ()]
@@ -373,7 +428,7 @@ class Replayer:
         if persisted and outcome.allowed and outcome.written:
             new_state = _state_of(outcome.stored)
             if new_state is not None:
-                self.states[name] = new_state
+                self._remember_state(name, outcome.stored, new_state)
         if self.audit_sink is not None:
             for mode, d in ((Mode.MUTATE, outcome.mutate), (Mode.VALIDATE, outcome.validate)):
                 if d is not None and outcome.request is not None:

@@ -3,10 +3,11 @@
 The guard judges a count with facts from its watch caches: Node labels (ceilings per instance type, the canary's
 ``enforcementScope``) and kubelet versions (``writer-version`` with the ``kubelet`` source), CSIDriver update periods
 (``change-rate``), VolumeAttachment attach errors (ResourceExhausted evidence: a correction that ``count-rollback``
-then holds, a backed decrease). Replay rebuilds them from the log's Node, CSIDriver and VolumeAttachment events,
-which carry objects only at the ``Request`` or ``RequestResponse`` level. A log that has them at ``Metadata`` level
-(many control planes' default audit policy) or not at all gives replay no such facts, and a decision that needs one
-can differ from the guard's: replay must say so. docs/apiserver-audit-policy.yaml is an audit policy that logs them.
+then holds, a backed decrease, the evidence of the automatic brake). Replay rebuilds them from the log's Node,
+CSIDriver and VolumeAttachment events, which carry objects only at the ``Request`` or ``RequestResponse`` level. A
+log that has them at ``Metadata`` level (many control planes' default audit policy) or not at all gives replay no
+such facts, and a decision that needs one can differ from the guard's: replay must say so.
+docs/apiserver-audit-policy.yaml is an audit policy that logs them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ AUDIT_POLICY_DOC = "docs/apiserver-audit-policy.yaml"
 _FACTS = {
     "nodes": ("Node labels and kubelet versions", "ceilings by node label, enforcementScope, writer-version (kubelet)"),
     "volumeattachments": ("VolumeAttachment attach errors", "ResourceExhausted evidence: corrections count-rollback "
-                          "holds, backed decreases"),
+                          "holds, backed decreases, the brake"),
     "csidrivers": ("CSIDriver update periods", "change-rate's minInterval"),
 }
 

@@ -9,9 +9,16 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from webhook.admission.brake import describe
+from webhook.admission.cluster import Brake
+from webhook.admission.state import format_time
+
 MAX_PROBLEMS_KEPT = 100
+MAX_BRAKES_KEPT = 100
+"""The summary keeps this many brake engagements and releases (the first ones)."""
 BUSIEST_MINUTES_SHOWN = 5
 """The summary lists only this many of the minutes with the most changes (the busiest first)."""
 FACT_RESOURCES = ("nodes", "csidrivers", "volumeattachments")
@@ -107,6 +114,21 @@ class Summary:
     drivers: dict[str, Counter[str]] = field(default_factory=dict)
     per_minute: Counter[str] = field(default_factory=Counter)
     problems: list[Problem] = field(default_factory=list)
+    brakes: list[dict[str, Any]] = field(default_factory=list)
+    """The brakes that engaged or released during the replay, in time order (at most :data:`MAX_BRAKES_KEPT`):
+    ``time`` of the leader's decision, ``driver``, ``engaged`` and ``message`` (the evidence, or who released it)."""
+
+    def add_brake(self, brake: Brake, now: datetime) -> None:
+        """Record that ``brake`` engaged or released at ``now`` (UTC)."""
+        if len(self.brakes) >= MAX_BRAKES_KEPT:
+            return
+        if brake.engaged:
+            message = describe(brake)
+        else:
+            message = f"the brake on {brake.driver} released by {brake.released_by}: {brake.release_reason}"
+        self.brakes.append(
+            {"time": format_time(now), "driver": brake.driver, "engaged": brake.engaged, "message": message}
+        )
 
     def add_problem(self, problem: Problem) -> None:
         """Count a problem, keeping the first :data:`MAX_PROBLEMS_KEPT` for the report."""
@@ -189,4 +211,5 @@ class Summary:
             "changesPerMinute": self.minute_stats(),
             "order": {"reordered": self.reordered, "late": self.late},
             "problems": [str(p) for p in self.problems],
+            "brakes": list(self.brakes),
         }

@@ -13,7 +13,9 @@ entry's retained state (the count before removal); removals are not changes.
 Reconciliation: the signed state records the last count the guard accepted. When a write went through unjudged
 (the guard down under ``failurePolicy: Ignore``), the object's count differs from it: a lower one counts as
 accepted, a higher one is judged as a change from the last accepted count (and is never refused for an entry
-the write does not touch); an untouched entry without state is judged by the ceilings.
+the write does not touch); an untouched entry without state is judged by the ceilings. While the brake of a driver
+is engaged, an entry the guard raised inside the brake's window counts from the count trusted before the increase
+(:mod:`webhook.admission.brake`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import NamedTuple
 
+from webhook.admission.brake import braked_entry
 from webhook.admission.ceiling_pin import pin_ceiling
 from webhook.admission.cluster import ClusterView
 from webhook.admission.csinode import INT32_MAX, CountChange, CSINode, diff_drivers, format_count, removed_drivers
@@ -137,6 +140,22 @@ def retained_history(cluster: ClusterView, node: str, keys: StateKeys) -> GuardS
     return retained_guard_state(retained, keys) if retained is not None else None
 
 
+def braked_entries(entries: Mapping[str, EntryState], cluster: ClusterView) -> Mapping[str, EntryState]:
+    """``entries`` as the rules judge them: an entry of a driver whose brake is engaged (``ClusterView.brake``) and
+    that the guard raised inside the brake's window starts from the count trusted before the increase
+    (:func:`webhook.admission.brake.braked_entry`), so its stored count is judged as a change from it and clamped."""
+    out: dict[str, EntryState] | None = None
+    for driver, entry in entries.items():
+        if entry.raised is None:
+            continue
+        braked = braked_entry(entry, cluster.brake(driver))
+        if braked is not entry:
+            if out is None:
+                out = dict(entries)
+            out[driver] = braked
+    return entries if out is None else out
+
+
 def classify(
     request: AdmissionRequest,
     policy: Policy,
@@ -176,7 +195,7 @@ def classify(
         state = retained_history(cluster, node, keys)
     # Once judged in the enforcement scope, an object stays in it: the node can remove a label from itself.
     pinned = state is not None and key is not None and state.scope == key
-    entries: Mapping[str, EntryState] = state.entries if state is not None else {}
+    entries: Mapping[str, EntryState] = braked_entries(state.entries, cluster) if state is not None else {}
     create = request.operation == "CREATE"
     changes = _Changes(node, policy, labels, entries, old, new)
     never_refused = changes.never_refused(create, writer)

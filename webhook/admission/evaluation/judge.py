@@ -128,6 +128,8 @@ def _context(write: Write, cluster: ClusterView, change: CountChange) -> tuple[R
         cluster.driver_update_period(change.driver),  # update_period
         now,
         (pinned.ceiling, pinned.why),  # resolved_ceiling
+        None,  # cluster_budget: asked later
+        cluster.brake(change.driver),  # brake
     )
     return ctx, pinned.pin
 

@@ -4,8 +4,10 @@
 An entry whose count does not change keeps its state; a registration that brings an entry back as it was
 records nothing new (no state churn). Otherwise the entry records the final count, when it changed, the writer's
 version, a freeze (a version rollback freezes increases for ``freezeFor``), a correction (a lower count backed
-by a capacity attach error or a justification), the ceiling label pinned for it and, when the guard stored less than
-the node's kubelet asked for, that report (``reported``: :func:`held_below`). Entries of drivers that are
+by a capacity attach error or a justification), the ceiling label pinned for it, when the guard stored less than
+the node's kubelet asked for, that report (``reported``: :func:`held_below`), and the first increase admitted
+inside the brake's lookback with the count trusted before it (``raised``,
+:func:`webhook.admission.brake.next_raised`). Entries of drivers that are
 no longer in the object are kept (kubelet removes and registers again a driver whose node plugin restarts)
 for :data:`~webhook.admission.state_bounds.REMOVED_RETENTION` after the first state written without them;
 expired approvals are dropped; the enforcement scope stays pinned until a justifier's annotation lets a node
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import timedelta
 
+from webhook.admission.brake import next_raised
 from webhook.admission.cluster import AttachErrorClass
 from webhook.admission.csinode import INT32_MAX
 from webhook.admission.decision import ChangeOutcome
@@ -52,7 +55,11 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
         ctx = judgement.contexts[c.driver]
         prev = write.entries.get(c.driver)
         freeze = i in settlement.freezing
-        if final == c.old and not c.registration:
+        raised = next_raised(prev.raised if prev else None, c.old, final, now, write.policy.brake.lookback)
+        # A count judged from the count before a braked increase (``prev`` is that view, the state still records
+        # the raised count) and held there is recorded: it clears ``raised``.
+        restored = prev is not None and prev.raised is not None and raised is None
+        if final == c.old and not c.registration and not restored:
             outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
             continue
         if (
@@ -63,8 +70,11 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             and ctx.driver_version in (None, prev.writer_version)
             and pins.get(c.driver, prev.pinned) == prev.pinned
             and prev.removed_at is None
+            and raised == prev.raised
         ):
-            # A plugin restart that brings the entry back as it was: nothing new to record (no state churn).
+            # A plugin restart that brings the entry back as it was: nothing new to record (no state churn). Not
+            # while a brake judges the entry from the count before its increase (``prev`` is that view: the state
+            # still records the raised count, and the registration clamped to the trusted one clears ``raised``).
             outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
             continue
         frozen_until = prev.frozen_until if prev and prev.frozen_until and prev.frozen_until > now else None
@@ -90,6 +100,8 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             correction=correction,
             pinned=pins.get(c.driver, prev.pinned if prev else None),
             reported=held_below(c.new, final, prev, kubelet=write.writer.is_node_kubelet),
+            # The first increase admitted inside the brake's lookback and the count trusted before it.
+            raised=raised,
         )
         if entries is None:
             entries = dict(write.entries)

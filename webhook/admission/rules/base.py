@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import NamedTuple
 
-from webhook.admission.cluster import AttachError
+from webhook.admission.cluster import AttachError, Brake
 from webhook.admission.csinode import CountChange
 from webhook.admission.policy import DriverPolicy, EnforcementAction, Policy
 from webhook.admission.state import Approval, EntryState
@@ -50,7 +50,7 @@ class RuleContext(NamedTuple):
     ceiling for the node when the caller resolved it already (the evaluation does, once per change).
     ``cluster_budget`` is the cluster-wide increase budget's answer for the request (None: not asked — no budget,
     /validate, a refused request, or before every rule judged every change: the evaluation asks it only for the
-    increases it would admit).
+    increases it would admit). ``brake`` is the driver's engaged brake (None: none, or unknown).
     """
 
     change: CountChange
@@ -66,6 +66,7 @@ class RuleContext(NamedTuple):
     now: datetime
     resolved_ceiling: tuple[int | None, str] | None = None
     cluster_budget: BudgetAnswer | None = None
+    brake: Brake | None = None
 
     @property
     def ceiling(self) -> tuple[int | None, str]:

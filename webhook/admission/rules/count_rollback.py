@@ -3,7 +3,9 @@
 A correction is an accepted decrease backed by ResourceExhausted evidence (a VolumeAttachment attach error with
 gRPC code 8, KEP-4876) or by a justification. Within ``window`` after it, increases rise at most
 ``recoveryStep`` per change and going back to the pre-correction count needs a justification. Any increase
-while the entry is frozen (after a driver version rollback) is a violation. A decrease to 0 without
+while the entry is frozen (after a driver version rollback) is a violation, and so is any increase of a driver
+whose brake is engaged (:mod:`webhook.admission.brake`: held at the stored count cluster-wide, a registration
+clamped to the last trusted count). A decrease to 0 without
 justification is a violation with its own enforcement action (``dropToZero``, default ``warn``).
 
 Recovery is gated by attaches (``recoveryGate: attaches``, the default; DESIGN.md, the brake: "Recovery after a
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+from webhook.admission.brake import describe, release_hint
 from webhook.admission.cluster import AttachError, AttachErrorClass
 from webhook.admission.csinode import format_count
 from webhook.admission.durations import format_duration
@@ -53,6 +56,19 @@ def check(ctx: RuleContext) -> list[Violation]:
                     clamp_to=change.old,
                 )
             )
+        return found
+    if ctx.brake is not None and change.old is not None:
+        # Held cluster-wide: not even a justification lets an increase of a braked driver through (the approver's
+        # way is to release the brake).
+        found.append(
+            Violation(
+                rule=RULE_ID,
+                action=rules.rollback_action,
+                why=f"increases of {change.driver} are held cluster-wide: {describe(ctx.brake)}",
+                proceed=release_hint(change.driver),
+                clamp_to=change.old,
+            )
+        )
         return found
     if ctx.justified:
         return found

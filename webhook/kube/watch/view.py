@@ -12,6 +12,8 @@ pods                ``/api/v1/namespaces/<ns>/pods?labelSelector``  DaemonSet po
 pendingpods         ``/api/v1/pods?fieldSelector=spec.nodeName=,``   unscheduled Pods Pending on volume limits
                     ``status.phase=Pending``                        only: their namespace
 csinodes            ``/apis/storage.k8s.io/v1/csinodes``           drivers and counts, verified state (with keys)
+histories           the guard namespace's ConfigMaps (label)       a node's verified history record
+brakes              the guard namespace's ConfigMaps (label)       the verified brakes, a release request
 ==================  =============================================  ===========================================
 
 The pendingpods watch (``serve`` runs it) feeds a metric only (``csinode_guard_volume_limit_pending_pods``, next
@@ -38,12 +40,14 @@ from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from webhook.admission.cluster import AttachError, PodVersionSource, RetainedState
+from webhook.admission.brake import BRAKES_LABEL, BRAKES_OBJECT
+from webhook.admission.cluster import AttachError, Brake, PodVersionSource, RetainedState
 from webhook.admission.held_below import held_below_reported
 from webhook.admission.label_provenance import vouched_labels
 from webhook.admission.node_history import HISTORY_LABEL, history_object_name
 from webhook.admission.state import StateKeys
 from webhook.kube.watch import metrics
+from webhook.kube.watch.brakes import BrakeBook, make_brakes_parser
 from webhook.kube.watch.csinodes import CSINodeRecord, CSINodeStore, IncreaseLedger, make_parser
 from webhook.kube.watch.histories import HistoryStore, make_history_parser
 from webhook.kube.watch.pod_store import PodStore
@@ -70,7 +74,7 @@ log = logging.getLogger("webhook.providers.view")
 
 R = TypeVar("R")
 
-KINDS = ("nodes", "csidrivers", "volumeattachments", "pods", "csinodes", "histories", "pendingpods")
+KINDS = ("nodes", "csidrivers", "volumeattachments", "pods", "csinodes", "histories", "pendingpods", "brakes")
 """Cache kinds, as used in the ``kind`` label of the cache metrics."""
 
 PENDING_POD_SELECTOR = "spec.nodeName=,status.phase=Pending"
@@ -156,6 +160,12 @@ class KubernetesClusterView:
             self.histories = self._reflector(
                 "histories", f"/api/v1/namespaces/{history_namespace}/configmaps", make_history_parser(state_keys),
                 HistoryStore("histories"), selector=f"{HISTORY_LABEL}=true",
+            )
+        self.brakes: Reflector[BrakeBook] | None = None
+        if state_keys is not None and history_namespace:
+            self.brakes = self._reflector(
+                "brakes", f"/api/v1/namespaces/{history_namespace}/configmaps", make_brakes_parser(state_keys),
+                Store("brakes"), selector=f"{BRAKES_LABEL}=true",
             )
         self._pod_watches: dict[PodWatchKey, Reflector[PodRecord]] = {}
         self._pod_sources: Mapping[str, tuple[PodVersionSource, Reflector[PodRecord]]] = {}
@@ -250,7 +260,8 @@ class KubernetesClusterView:
         csinodes: list[Reflector[Any]] = [self.csinodes] if self.csinodes is not None else []
         histories: list[Reflector[Any]] = [self.histories] if self.histories is not None else []
         pending: list[Reflector[Any]] = [self.pending_pods] if self.pending_pods is not None else []
-        return [self.nodes, self.csidrivers, self.volumeattachments, *pods, *csinodes, *histories, *pending]
+        brakes: list[Reflector[Any]] = [self.brakes] if self.brakes is not None else []
+        return [self.nodes, self.csidrivers, self.volumeattachments, *pods, *csinodes, *histories, *brakes, *pending]
 
     def _decision_reflectors(self) -> list[Reflector[Any]]:
         """The caches a decision reads (readiness waits for these): all but the pendingpods watch."""
@@ -441,6 +452,20 @@ class KubernetesClusterView:
         if self.histories is None or not self.history_namespace:
             return None
         return self._get(self.histories, f"{self.history_namespace}/{history_object_name(node)}")
+
+    def brake_book(self) -> BrakeBook | None:
+        """The brakes' ConfigMap as the watch holds it (:mod:`webhook.kube.watch.brakes`): None when it does not
+        exist, is not watched, or the cache is unknown."""
+        if self.brakes is None or not self.history_namespace:
+            return None
+        return self._get(self.brakes, f"{self.history_namespace}/{BRAKES_OBJECT}")
+
+    def brake(self, driver: str) -> Brake | None:
+        """The driver's engaged brake (:meth:`webhook.admission.cluster.ClusterView.brake`) from the leader's
+        verified record; None when none is engaged, or when the record is not watched or the cache is unknown."""
+        book = self.brake_book()
+        found = book.brakes.get(driver) if book is not None else None
+        return found if found is not None and found.engaged else None
 
     def retained_records(self) -> list[RetainedState]:
         """Every verified history record now (the audit leader's retention pass); empty when not watched."""
