@@ -43,6 +43,7 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             continue
         if (
             c.registration
+            and write.decoded.state is not None  # entries from the node's history: the new object needs a state
             and prev is not None
             and prev.count == final
             and not freeze
@@ -50,7 +51,9 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             and pins.get(c.driver, prev.pinned) == prev.pinned
             and prev.removed_at is None
         ):
-            # A plugin restart that brings the entry back as it was: nothing new to record (no state churn).
+            # A plugin restart that brings the entry back as it was: nothing new to record (no state churn). Not
+            # so on a re-created CSINode judged from the node's history: it has no state of its own yet, and
+            # without one /validate finds the state missing and every later write is judged from the record.
             outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
             continue
         frozen_until = prev.frozen_until if prev and prev.frozen_until and prev.frozen_until > now else None
