@@ -48,3 +48,17 @@ def test_policy_export_without_format_exports_the_one_format(tmp_path: Path) -> 
     kinds = [doc["kind"] for doc in yaml.safe_load_all(implicit.stdout) if doc]
     assert kinds == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     assert "[default: vap]" in run_cli("policy", "export", "--help", cwd=tmp_path).stdout
+
+
+@pytest.mark.parametrize("path", _command_paths(main), ids=lambda p: " ".join(p) or "csinode-guard")
+def test_help_shows_no_literal_verbatim_marker(path: tuple[str, ...], tmp_path: Path) -> None:
+    """click's no-rewrap marker is the backspace character; a docstring that spells it ``\\\\b`` prints a
+    literal backslash-b and lets click rewrap the example lines into one paragraph."""
+    result = run_cli(*path, "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "\\b" not in result.stdout, result.stdout
+
+
+def test_completion_help_keeps_one_example_per_line(tmp_path: Path) -> None:
+    lines = [line.strip() for line in run_cli("completion", "--help", cwd=tmp_path).stdout.splitlines()]
+    assert "fish:  csinode-guard completion fish > ~/.config/fish/completions/csinode-guard.fish" in lines

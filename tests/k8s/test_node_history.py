@@ -14,15 +14,27 @@ from webhook.admission.node_history import history_object_name
 
 EBS = "ebs.csi.aws.com"
 NAMESPACE = "csinode-guard"  # serve's default --lease-namespace: the guard's own
+STATE = "csinode-guard.io/state"
 
 
 def stored(cp: ControlPlane, node: str) -> int | None:
     return counts(cp.get_csinode(node)).get(EBS)
 
 
-def install(cp: ControlPlane, node: str, count: int) -> None:
+def install(cp: ControlPlane, node: str, count: int) -> str:
+    """kubelet-csinode's install; returns its standard error (the apiserver's warnings, as kubelet logs them)."""
     out = cp.kubelet(node, "install", "--driver", EBS, "--node-id", "i-1", "--max-volumes", str(count))
     assert f"OK install driver={EBS}" in out.stdout, out.stdout + out.stderr
+    return out.stderr
+
+
+def assert_own_state(cp: ControlPlane, node: str, count: int, warnings: str) -> None:
+    """The re-created CSINode carries a state of its own with ``count``, and /validate found nothing wrong with
+    it (no state-integrity warning reached the kubelet)."""
+    annotations = cp.get_csinode(node)["metadata"].get("annotations") or {}
+    assert STATE in annotations, annotations
+    assert json.loads(annotations[STATE])["drivers"][EBS]["count"] == count
+    assert "state-integrity" not in warnings, warnings
 
 
 def history(cp: ControlPlane, node: str) -> dict[str, Any] | None:
@@ -64,8 +76,9 @@ def test_a_held_increase_is_not_lifted_by_deleting_the_csinode_across_a_guard_re
     guard.stop()
     cp.kubectl("delete", "csinode", node, kubeconfig=cp.node_kubeconfig(node))  # a new UID comes next
     guard.start()
-    install(cp, node, 26)
+    warnings = install(cp, node, 26)
     assert stored(cp, node) == 10  # judged from the node's history: the last accepted count, paced
+    assert_own_state(cp, node, 10, warnings)
     assert cp.get_csinode(node)["metadata"]["uid"] != record["uid"]
 
 
@@ -77,7 +90,8 @@ def test_kubelets_own_recreation_with_the_same_count_passes(control_plane: Contr
     install(cp, node, 12)
     wait_until(lambda: retained_count(cp, node) == 12, what=f"the history record of {node}")
     cp.kubectl("delete", "csinode", node, kubeconfig=cp.node_kubeconfig(node))
-    install(cp, node, 12)
+    warnings = install(cp, node, 12)
     assert stored(cp, node) == 12
+    assert_own_state(cp, node, 12, warnings)
     cp.kubelet(node, "update", "--driver", EBS, "--max-volumes", "8")  # a decrease: the safe direction
     assert stored(cp, node) == 8

@@ -15,7 +15,7 @@ SHELLS = ("bash", "zsh", "fish")
 def completion(shell: str, prog_name: str) -> None:
     """Print the completion script for SHELL (click's shell completion: commands, options and their choices).
 
-    \\b
+    \b
     bash:  source <(csinode-guard completion bash)        # or into ~/.bashrc
     zsh:   source <(csinode-guard completion zsh)         # after compinit
     fish:  csinode-guard completion fish > ~/.config/fish/completions/csinode-guard.fish

@@ -233,6 +233,28 @@ def in_pod() -> bool:
     return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and os.path.isfile(SERVICE_ACCOUNT_TOKEN)
 
 
+def _forget_inherited_temp_files() -> None:
+    """In a forked child (a gunicorn worker): drop the kubernetes client's record of the temporary files it wrote
+    for a kubeconfig's ``*-data`` fields (CA, client certificate and key) in the parent. The client deletes every
+    file in that record when the process exits (atexit), so without this the first worker to exit deleted the
+    files the master and every other worker still opened each new apiserver connection with (``SSLError(
+    FileNotFoundError)``: leases no longer renewed, watches unable to reconnect). The child writes its own files
+    when it loads the configuration and deletes only those."""
+    from kubernetes.config import kube_config  # noqa: PLC0415 - imported already: registered only after the import
+
+    kube_config._temp_files = {}  # the client's module-level record: there is no API for it
+
+
+_fork_hook_registered = False
+
+
+def _register_fork_hook() -> None:
+    global _fork_hook_registered  # noqa: PLW0603 - once per process
+    if not _fork_hook_registered:
+        os.register_at_fork(after_in_child=_forget_inherited_temp_files)
+        _fork_hook_registered = True
+
+
 def load_configuration(
     kubeconfig: str | None = None, context: str | None = None, *, home_fallback: bool = True,
     environment: bool = True,
@@ -248,6 +270,7 @@ def load_configuration(
     from kubernetes.client.configuration import Configuration  # noqa: PLC0415 - heavy; only when needed
     from kubernetes.config import incluster_config, kube_config  # noqa: PLC0415
 
+    _register_fork_hook()
     load_kube_config: Callable[..., None] = kube_config.load_kube_config
     load_incluster_config: Callable[..., None] = incluster_config.load_incluster_config
     configuration = Configuration()

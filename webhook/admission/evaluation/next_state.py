@@ -64,6 +64,7 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             continue
         if (
             c.registration
+            and write.decoded.state is not None  # entries from the node's history: the new object needs a state
             and prev is not None
             and prev.count == final
             and not freeze
@@ -73,7 +74,9 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             and raised == prev.raised
         ):
             # A plugin restart that brings the entry back as it was: nothing new to record (no state churn). Not
-            # while a brake judges the entry from the count before its increase (``prev`` is that view: the state
+            # so on a re-created CSINode judged from the node's history: it has no state of its own yet, and
+            # without one /validate finds the state missing and every later write is judged from the record.
+            # Nor while a brake judges the entry from the count before its increase (``prev`` is that view: the state
             # still records the raised count, and the registration clamped to the trusted one clears ``raised``).
             outcomes.append(ChangeOutcome(c, final, ctx.driver_version))
             continue
