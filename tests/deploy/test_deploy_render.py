@@ -77,6 +77,7 @@ def test_base_holds_every_object_an_installation_needs(rendered: dict[str, Objec
         ("PodDisruptionBudget", NAME),
         ("Role", "csinode-guard-audit-events"),
         ("Role", "csinode-guard-audit-lease"),
+        ("Role", "csinode-guard-brake-approver"),
         ("Role", "csinode-guard-driver-pods"),
         ("Role", "csinode-guard-node-history"),
         ("Role", "csinode-guard-secrets"),
@@ -103,7 +104,7 @@ def test_every_object_carries_the_name_label_and_an_explicit_namespace(
             assert "namespace" not in meta, where
         elif obj["kind"] in ("Role", "RoleBinding") and meta["name"] != "csinode-guard-secrets":
             expected = {"csinode-guard-audit-lease": NAMESPACE, "csinode-guard-audit-events": "default",
-                        "csinode-guard-node-history": NAMESPACE}
+                        "csinode-guard-node-history": NAMESPACE, "csinode-guard-brake-approver": NAMESPACE}
             assert meta["namespace"] == expected.get(meta["name"], "kube-system"), where
         else:
             assert meta["namespace"] == NAMESPACE, where

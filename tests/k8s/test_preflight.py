@@ -268,3 +268,38 @@ def test_the_table_fits_the_terminal_and_json_and_wide_keep_the_whole_text(
     wide = run("-o", "wide").stdout.splitlines()
     for check in checks:
         assert any(check["checked"] in line for line in wide), check["checked"]
+
+
+def test_before_install_a_guard_not_registered_is_expected_and_does_not_block(control_plane: ControlPlane) -> None:
+    """README's "check a cluster, then install": nothing of the guard exists yet. Without --before-install that
+    blocks (exit code 4), with it the guard is one OK row and no FAIL is left on a healthy cluster."""
+    name = unique("not-installed")
+    blocked = preflight(control_plane, "-o", "json", "--name", name, "--scheduler-version", "v1.36.2")
+    assert blocked.returncode == 4
+    assert find(rows(blocked), "guard MutatingWebhookConfiguration", "not found")["status"] == "FAIL"
+
+    before = preflight(control_plane, "-o", "json", "--name", name, "--scheduler-version", "v1.36.2",
+                       "--before-install")
+    checks = rows(before)
+    assert [c for c in checks if c["component"].startswith("guard")] == [
+        {**find(checks, "guard", "not installed yet"), "status": "OK"}
+    ]
+    assert before.returncode != 4 and not [c for c in checks if c["status"] == "FAIL"], checks
+
+
+def test_a_registered_guard_without_its_namespace_fails_it_would_keep_no_history(
+    control_plane: ControlPlane, guard: Guard
+) -> None:
+    """A guard outside the cluster (registered with a URL) keeps its audit Lease, node history and brakes in its
+    namespace: without it, admission answers and /readyz says ok, but nothing audits and a node's re-created
+    CSINode is judged without its history. preflight says so (FAIL); with the namespace it is OK."""
+    present = rows(preflight(control_plane, "-o", "json", "--name", guard.name, "--scheduler-version", "v1.36.2"))
+    assert find(present, "guard namespace", "csinode-guard exists")["status"] == "OK"
+
+    absent_namespace = unique("no-such-ns")
+    missing = preflight(control_plane, "-o", "json", "--name", guard.name, "--scheduler-version", "v1.36.2",
+                        "--namespace", absent_namespace)
+    row = find(rows(missing), "guard namespace", f"{absent_namespace} not found")
+    assert row["status"] == "FAIL" and "node history" in row["checked"], row
+    assert f"kubectl create namespace {absent_namespace}" in row["action"]
+    assert missing.returncode == 4

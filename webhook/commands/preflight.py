@@ -47,6 +47,9 @@ EXIT_BY_SEVERITY = {0: EXIT_OK, 1: EXIT_FINDINGS, 2: EXIT_BLOCKING}
               "csinode-guard as in deploy/).")
 @click.option("--deployment", "deployment_name", metavar="NAME",
               help="Name of the guard's Deployment (default: the Service's name, else csinode-guard as in deploy/).")
+@click.option("--before-install", is_flag=True,
+              help="Check a cluster the guard is not installed in yet: a guard that is not registered is expected "
+              "(one OK row) instead of a FAIL. Without it, a missing guard blocks (exit code 4).")
 @output_option(["table", "wide", "json", "yaml"],
                help="table: wrapped to the terminal's width ($COLUMNS); wide: one line per check; json or yaml: "
                "everything, whole.")
@@ -54,7 +57,7 @@ EXIT_BY_SEVERITY = {0: EXIT_OK, 1: EXIT_FINDINGS, 2: EXIT_BLOCKING}
 @cluster_options
 def preflight(
     *, scheduler_version: str | None, policy_path: Path | None, guard_policy: str, configuration_name: str,
-    deployment_namespace: str | None, deployment_name: str | None, output: str,
+    deployment_namespace: str | None, deployment_name: str | None, before_install: bool, output: str,
     kubeconfig: str | None, context: str | None,
 ) -> None:
     """Check, per component, that mutable CSINode allocatable counts (KEP-4876) will work, and what to do if not.
@@ -67,7 +70,8 @@ def preflight(
     CSIDriver       nodeAllocatableUpdatePeriodSeconds set; node-plugin versions vs the policy's minVersion
     guard           webhook configurations present, caBundle verifies the serving certificate (TLS
                     handshake, else Secret csinode-guard-tls), matchConditions, failurePolicy; the
-                    Deployment's ready replicas (read directly: also before the webhooks exist)
+                    Deployment's ready replicas (read directly: also before the webhooks exist); its
+                    namespace (audit Lease, node history, brakes)
 
     Exit code: 0 all OK, 1 some WARN, 4 some FAIL (blocking), 3 the cluster could not be read. Needs get/list on those
     objects and update on csinodes (the probe is a dry run: nothing is stored).
@@ -84,7 +88,8 @@ def preflight(
         with client:
             facts = gather_facts(client, policy, now=datetime.now(UTC), scheduler_version=scheduler_version,
                                  configuration_name=configuration_name,
-                                 deployment_namespace=deployment_namespace, deployment_name=deployment_name)
+                                 deployment_namespace=deployment_namespace, deployment_name=deployment_name,
+                                 before_install=before_install)
     except kubeapi.ApiUnreachableError as exc:
         raise CannotRunError(f"no answer from the API server: {exc}") from None
     if facts.server_version is None and facts.errors.get("CSINode"):

@@ -77,6 +77,7 @@ VALIDATING_WEBHOOK_CONFIGURATIONS: Final = ApiResource(
     "admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations", "ValidatingWebhookConfiguration"
 )
 NODES: Final = ApiResource("", "v1", "nodes", "Node")
+NAMESPACES: Final = ApiResource("", "v1", "namespaces", "Namespace")
 PODS: Final = ApiResource("", "v1", "pods", "Pod", namespaced=True)
 SECRETS: Final = ApiResource("", "v1", "secrets", "Secret", namespaced=True)
 CSIDRIVERS: Final = ApiResource("storage.k8s.io", "v1", "csidrivers", "CSIDriver")

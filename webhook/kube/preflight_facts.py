@@ -83,7 +83,10 @@ class ClusterFacts:
     ``driver_versions`` maps driver -> version -> nodes reporting it (from the policy's version source), with
     ``version_sources`` saying which source was read per driver; ``webhook_configurations`` maps kind -> the
     object (None: absent); ``serving_certificates`` maps webhook name -> certificate; ``deployment`` is the
-    guard's Deployment (None: absent or not looked for, ``deployment_note`` says which).
+    guard's Deployment (None: absent or not looked for, ``deployment_note`` says which); ``guard_namespace`` the
+    guard's namespace (its audit Lease, node history records and brakes live there) and ``guard_namespace_exists``
+    whether the apiserver has it (None: not read); ``before_install`` is ``preflight --before-install``: a guard not
+    registered yet is what is expected.
     """
 
     server_version: str | None
@@ -102,4 +105,7 @@ class ClusterFacts:
     deployment_note: str = ""
     errors: Mapping[str, str] = field(default_factory=dict)
     configuration_name: str = CONFIGURATION_NAME
+    guard_namespace: str = ""
+    guard_namespace_exists: bool | None = None
+    before_install: bool = False
 

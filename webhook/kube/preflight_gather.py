@@ -249,6 +249,7 @@ def gather_facts(
     configuration_name: str = CONFIGURATION_NAME,
     deployment_namespace: str | None = None,
     deployment_name: str | None = None,
+    before_install: bool = False,
 ) -> ClusterFacts:
     """Read everything :func:`webhook.kube.preflight.run_checks` judges. Raises :class:`kubeapi.ApiUnreachableError`
     when the apiserver does not answer at all; a refused read becomes an entry of ``errors``.
@@ -309,6 +310,10 @@ def gather_facts(
                           lambda: _get_or_none(client, kubeapi.DEPLOYMENTS, name, namespace), None)
         if deployment is None and "guard Deployment" not in errors:
             note = f"deployment {namespace}/{name} not found"
+    # The guard's namespace: the Deployment's, or (a guard registered with a URL, outside the cluster) serve's
+    # default --lease-namespace, which is the same name.
+    namespace_found = read("guard namespace",
+                           lambda: _get_or_none(client, kubeapi.NAMESPACES, namespace) is not None, None)
     return ClusterFacts(
         server_version=server_version,
         server_version_error=version_error,
@@ -326,4 +331,7 @@ def gather_facts(
         now=now,
         errors=errors,
         configuration_name=configuration_name,
+        guard_namespace=namespace,
+        guard_namespace_exists=namespace_found,
+        before_install=before_install,
     )

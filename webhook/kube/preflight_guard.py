@@ -77,6 +77,9 @@ def _ca_bundle(webhook: Mapping[str, Any]) -> bytes | None:
 def check_guard(facts: ClusterFacts) -> list[Check]:
     """The guard's webhook configurations against what ``register`` builds, their CA bundles against the
     serving certificate, and its Deployment's ready replicas."""
+    if facts.before_install and not any(facts.webhook_configurations.values()):
+        return [Check("guard", "not installed yet (--before-install): its checks run once it is registered",
+                      Status.OK)]
     checks: list[Check] = []
     one_call = {  # `register --validation cel`: the validating entries carry one more condition
         str(w["name"]): w["matchConditions"]
@@ -97,7 +100,25 @@ def check_guard(facts: ClusterFacts) -> list[Check]:
             checks.extend(_check_webhook(facts, component, want, present.get(str(want["name"])),
                                          one_call.get(str(want["name"]))))
     checks.extend(_check_deployment(facts))
+    checks.extend(_check_namespace(facts))
     return checks
+
+
+def _check_namespace(facts: ClusterFacts) -> list[Check]:
+    """The guard's namespace: without it no replica holds the audit Lease, so nothing audits or repairs, no node
+    history record is written (a node that deletes and re-creates its CSINode is judged without what the guard
+    trusted about it) and no brake engages, while admission keeps answering and /readyz says ok."""
+    namespace = facts.guard_namespace
+    if not namespace or facts.guard_namespace_exists is None:
+        return []  # not read: the read error is its own row
+    if facts.guard_namespace_exists:
+        return [Check("guard namespace", f"{namespace} exists (audit Lease, node history records, brakes)",
+                      Status.OK)]
+    return [Check("guard namespace", f"{namespace} not found: no replica can lead the audit, so nothing is "
+                  "repaired, no node history is kept (a node's re-created CSINode is judged without it) and no "
+                  "brake engages", Status.FAIL,
+                  f"kubectl create namespace {namespace} (deploy/ and the chart create it; a guard outside the "
+                  "cluster keeps them in its --lease-namespace)")]
 
 
 def _check_webhook(
