@@ -8,6 +8,8 @@
   registered with ``csinode-guard register --url``; unregistered and stopped after the test.
 - ``guard_factory`` (function scope): ``guard_factory(policy=path, register=True, extra_args=(), ...)`` for
   tests that need their own policy, several guards, or one not registered yet; all are cleaned up.
+- ``full_facts_cluster`` (function scope): a control plane of the test's own whose apiserver logs with
+  ``docs/apiserver-audit-policy.yaml`` (Nodes, VolumeAttachments, CSIDrivers with their objects), for replay tests.
 - ``prometheus`` (session scope): a real Prometheus with the monitoring overlay's rules (:mod:`tests.k8s.prometheus`).
 
 kubelet's CSINode writes are made with ``kubelet-csinode`` (kubelet's own ``nodeinfomanager`` code in a harness)
@@ -24,6 +26,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,7 @@ from typing import Any
 import pytest
 
 from tests.k8s.controlplane import (
+    REPO,
     REQUIRE_ENV,
     ControlPlane,
     ControlPlaneUnavailable,
@@ -43,6 +48,7 @@ from tests.k8s.prometheus import Prometheus, prometheus_binary
 
 UNAVAILABLE = "real Kubernetes control plane unavailable"
 GUARD_NAMESPACE = "csinode-guard"  # serve's default --lease-namespace
+AUDIT_POLICY = REPO / "docs" / "apiserver-audit-policy.yaml"
 
 
 @pytest.hookimpl(wrapper=True)
@@ -105,6 +111,35 @@ def guard(guard_factory: Any) -> Guard:
     """The guard on the bundled default policy, registered (both webhook configurations)."""
     result: Guard = guard_factory()
     return result
+
+
+@pytest.fixture
+def full_facts_cluster() -> Iterator[ControlPlane]:
+    """A control plane of its own whose apiserver logs with docs/apiserver-audit-policy.yaml (Nodes,
+    VolumeAttachments and CSIDrivers with their objects: what ``replay`` needs to decide as the guard does),
+    without kube-scheduler; stopped after the test. The session's ``control_plane`` logs them at Metadata level."""
+    try:
+        cluster_sh, start_env = discover()
+    except ControlPlaneUnavailable as exc:
+        if os.environ.get(REQUIRE_ENV) == "1":
+            pytest.fail(f"no control plane: {exc} ({REQUIRE_ENV}=1)")
+        pytest.skip(f"no control plane: {exc}")
+    directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="gp-"))
+    plane = ControlPlane(
+        directory / "k8s",
+        cluster_sh,
+        {
+            **start_env,
+            "K8S_SCHEDULER": "0",
+            "KAS_EXTRA_ARGS": f"--audit-policy-file={AUDIT_POLICY}",
+        },
+    )
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

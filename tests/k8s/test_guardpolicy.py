@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -29,20 +27,16 @@ from tests.k8s.controlplane import (
     CLUSTER_POLICY,
     DEFAULT_POLICY,
     REPO,
-    REQUIRE_ENV,
     ControlPlane,
-    ControlPlaneUnavailable,
     Guard,
     counts,
     csinode_writes,
-    discover,
     running_guard,
     unique,
     wait_until,
 )
 
 CRD = REPO / "deploy" / "base" / "guardpolicy-crd.yaml"
-AUDIT_POLICY = REPO / "docs" / "apiserver-audit-policy.yaml"
 EBS = "ebs.csi.aws.com"
 
 
@@ -268,28 +262,6 @@ def test_replay_warns_by_kind_of_fact_on_a_metadata_level_log_and_refuses_the_gu
                               "--no-progress", check=False)
     assert own.returncode == 2, own.stdout + own.stderr
     assert "not an apiserver audit log" in own.stderr
-
-
-@pytest.fixture
-def full_facts_cluster(tmp_path: Path) -> Iterator[ControlPlane]:
-    """A control plane of its own whose apiserver logs with docs/apiserver-audit-policy.yaml (Nodes,
-    VolumeAttachments and CSIDrivers with their objects), without kube-scheduler."""
-    try:
-        cluster_sh, start_env = discover()
-    except ControlPlaneUnavailable as exc:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"no control plane: {exc} ({REQUIRE_ENV}=1)")
-        pytest.skip(f"no control plane: {exc}")
-    directory = Path(tempfile.mkdtemp(dir="/tmp", prefix="gp-"))
-    plane = ControlPlane(directory / "k8s", cluster_sh, {
-        **start_env, "K8S_SCHEDULER": "0", "KAS_EXTRA_ARGS": f"--audit-policy-file={AUDIT_POLICY}",
-    })
-    plane.start()
-    try:
-        yield plane
-    finally:
-        plane.stop()
-        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _without_objects(source: Path, target: Path) -> None:
