@@ -690,6 +690,15 @@ class Guard:
         return False
 
 
+def judged_dry_run(cp: ControlPlane, guard: Guard, node: str, driver: str, count: int) -> dict[str, Any]:
+    """The guard's mutate record of a server-side dry-run PUT of ``count`` by the node's own identity."""
+    before = len(guard.decisions())
+    cp.replace_count(node, driver, count, dry_run=True, check=False)
+    records = [r for r in guard.decisions()[before:] if r.get("node") == node and r["endpoint"] == "mutate"]
+    assert records and records[-1]["dryRun"] is True
+    return records[-1]
+
+
 def _reap(process: subprocess.Popen[bytes], pgid: int) -> None:
     """Wait for a SIGTERMed guard to exit; SIGKILL its process group after 20 s."""
     try:

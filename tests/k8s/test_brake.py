@@ -11,13 +11,13 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.k8s.attachments import attach_error
 from tests.k8s.controlplane import ADMIN_USER, REPO, ControlPlane, Guard, counts, policy_file, unique, wait_until
 from tests.k8s.monitoring import assert_alert_active, condition, scraped
 from tests.k8s.prometheus import Prometheus
@@ -103,42 +103,6 @@ def rollout(cp: ControlPlane, driver: str) -> list[str]:
             what=f"the increase on {node}",
         )
     return nodes
-
-
-def attach_error(cp: ControlPlane, node: str, driver: str, code: int) -> str:
-    """A VolumeAttachment for (node, driver) created as admin, its status written through the status subresource
-    with an attach error of gRPC ``code``, as the external-attacher writes it."""
-    name = unique("va")
-    cp.kubectl(
-        "create",
-        "-f",
-        "-",
-        input=json.dumps(
-            {
-                "apiVersion": "storage.k8s.io/v1",
-                "kind": "VolumeAttachment",
-                "metadata": {"name": name},
-                "spec": {"attacher": driver, "nodeName": node, "source": {"persistentVolumeName": unique("pv")}},
-            }
-        ),
-    )
-    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    message = {
-        8: "rpc error: code = ResourceExhausted desc = attachment limit reached",
-        9: "rpc error: code = FailedPrecondition desc = volume is in another zone",
-    }[code]
-    cp.kubectl(
-        "patch",
-        "volumeattachment",
-        name,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(
-            {"status": {"attached": False, "attachError": {"time": now, "message": message, "errorCode": code}}}
-        ),
-    )
-    return name
 
 
 def brakes(guard: Guard) -> dict[str, dict[str, Any]]:

@@ -13,20 +13,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.k8s.controlplane import ControlPlane, Guard, counts, fast_policy, unique, wait_until
+from tests.k8s.controlplane import ControlPlane, Guard, counts, fast_policy, judged_dry_run, unique, wait_until
 
 EBS = "ebs.csi.aws.com"
 PD = "pd.csi.storage.gke.io"
 INSTANCE_TYPE = "node.kubernetes.io/instance-type"
-
-
-def judged_dry_run(cp: ControlPlane, guard: Guard, node: str, driver: str, count: int) -> dict[str, Any]:
-    """The guard's mutate record of a dry-run PUT of ``count`` by the node."""
-    before = len(guard.decisions())
-    cp.replace_count(node, driver, count, dry_run=True, check=False)
-    records = [r for r in guard.decisions()[before:] if r.get("node") == node and r["endpoint"] == "mutate"]
-    assert records and records[-1]["dryRun"] is True
-    return records[-1]
 
 
 def test_a_node_label_sets_the_ceiling_and_a_relabel_lowers_it(

@@ -14,39 +14,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from tests.k8s.controlplane import ControlPlane, Guard, counts, fast_policy, unique, wait_until
+from tests.k8s.attachments import create_volume_attachment, failed_attach, write_attach_status
+from tests.k8s.controlplane import ControlPlane, Guard, counts, fast_policy, judged_dry_run, unique, wait_until
 from webhook.admission.state import parse_time
 
 EBS = "ebs.csi.aws.com"
-
-
-def judged_dry_run(cp: ControlPlane, guard: Guard, node: str, driver: str, count: int) -> dict[str, Any]:
-    """The guard's mutate record of a server-side dry-run PUT of ``count`` by the node's own identity."""
-    before = len(guard.decisions())
-    cp.replace_count(node, driver, count, dry_run=True, check=False)
-    records = [r for r in guard.decisions()[before:] if r.get("node") == node and r["endpoint"] == "mutate"]
-    assert records and records[-1]["dryRun"] is True
-    return records[-1]
-
-
-def attach_status(cp: ControlPlane, name: str, status: dict[str, Any]) -> None:
-    """Write ``status`` of the VolumeAttachment ``name`` through its status subresource (the external-attacher's
-    way); ``attachError: None`` removes the error (a merge patch)."""
-    cp.kubectl(
-        "patch", "volumeattachment", name, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status})
-    )
-
-
-def failed_attach(when: datetime) -> dict[str, Any]:
-    """A failed attach as the external-attacher records it: ResourceExhausted at ``when`` (whole seconds)."""
-    return {
-        "attached": False,
-        "attachError": {
-            "time": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "errorCode": 8,
-            "message": "rpc error: code = ResourceExhausted desc = attachment limit reached",
-        },
-    }
 
 
 def test_a_recovery_step_waits_until_the_failing_attach_succeeds(
@@ -58,22 +30,9 @@ def test_a_recovery_step_waits_until_the_failing_attach_succeeds(
     cp.create_node(node)
     cp.kubelet(node, "install", "--driver", EBS, "--node-id", "i-1", "--max-volumes", "26")
 
-    va_name = unique("va")
-    cp.kubectl(
-        "create",
-        "-f",
-        "-",
-        input=json.dumps(
-            {
-                "apiVersion": "storage.k8s.io/v1",
-                "kind": "VolumeAttachment",
-                "metadata": {"name": va_name},
-                "spec": {"attacher": EBS, "nodeName": node, "source": {"persistentVolumeName": unique("pv")}},
-            }
-        ),
-    )
+    va_name = create_volume_attachment(cp, node, EBS)
     try:
-        attach_status(cp, va_name, failed_attach(datetime.now(UTC)))
+        write_attach_status(cp, va_name, failed_attach(datetime.now(UTC)))
         wait_until(
             lambda: judged_dry_run(cp, guard, node, EBS, 20).get("correction") == "resource-exhausted",
             what="the attach error in the guard's cache",
@@ -93,7 +52,7 @@ def test_a_recovery_step_waits_until_the_failing_attach_succeeds(
             lambda: (now := datetime.now(UTC).replace(microsecond=0)) > corrected_at and now,
             what="a whole second after the correction",
         )
-        attach_status(cp, va_name, failed_attach(retried))
+        write_attach_status(cp, va_name, failed_attach(retried))
 
         last: list[dict[str, Any]] = []
 
@@ -119,7 +78,7 @@ def test_a_recovery_step_waits_until_the_failing_attach_succeeds(
         assert counts(cp.get_csinode(node)) == {EBS: 20}
 
         # The volume attaches: the external-attacher sets attached and removes the error.
-        attach_status(cp, va_name, {"attached": True, "attachError": None})
+        write_attach_status(cp, va_name, {"attached": True, "attachError": None})
         assert "attachError" not in cp.kubectl_json("get", "volumeattachment", va_name)["status"]
         wait_until(
             lambda: judged_dry_run(cp, guard, node, EBS, 22)["decision"] == "allow",

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from tests.k8s.attachments import attach_error
 from tests.k8s.controlplane import (
     ADMIN_USER,
     ControlPlane,
@@ -26,7 +27,6 @@ from tests.k8s.controlplane import (
 )
 from tests.k8s.test_brake import (
     NAMESPACE,
-    attach_error,
     brake_policy,
     brakes,
     engaged,
