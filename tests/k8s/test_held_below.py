@@ -13,29 +13,18 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from tests.k8s.controlplane import ControlPlane, Guard, counts, policy_file, unique, wait_until
 from tests.k8s.scheduling import create, settle, volume_pods
+from tests.k8s.test_audit import scrape
 
 EBS = "ebs.csi.aws.com"
 HELD = 3
 REPORTED = 5
 HELD_METRIC = "csinode_guard_held_below_reported_nodes"
 PENDING_METRIC = "csinode_guard_volume_limit_pending_pods"
-
-
-def scrape(guard: Guard) -> dict[str, float]:
-    """The guard's metrics: ``name{labels}`` -> value."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{guard.metrics_port}/metrics", timeout=10).read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            out[key] = float(value)
-    return out
 
 
 def status(cp: ControlPlane, guard: Guard, *args: str) -> subprocess.CompletedProcess[str]:

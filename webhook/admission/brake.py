@@ -44,7 +44,8 @@ from webhook.admission.cluster import AttachError, AttachErrorClass, Brake, Brak
 from webhook.admission.csinode import format_count
 from webhook.admission.durations import format_duration
 from webhook.admission.policy import BrakeSettings
-from webhook.admission.state import EntryState, GuardState, Raised, StateKeys, _canonical, format_time, parse_time
+from webhook.admission.signed_records import open_record, seal_record
+from webhook.admission.state import EntryState, GuardState, Raised, StateKeys, format_time, parse_time
 
 BRAKES_OBJECT = "csinode-guard-brakes"
 """The name of the ConfigMap in the guard's namespace that records the brakes."""
@@ -365,27 +366,20 @@ def encode_brakes(brakes: Mapping[str, Brake], keys: StateKeys) -> str:
     :data:`MAX_BRAKES`, the engaged ones and the most recent kept first)."""
     ordered = sorted(brakes.values(), key=lambda b: (not b.engaged, -b.engaged_at.timestamp(), b.driver))
     doc: dict[str, Any] = {"v": FORMAT_VERSION, "brakes": {b.driver: _brake_document(b) for b in ordered[:MAX_BRAKES]}}
-    doc["sig"] = keys.sign(_canonical(doc))
-    return _canonical(doc).decode("ascii")
+    return seal_record(doc, keys)
+
+
+BRAKES_FIELDS = frozenset({"v", "brakes"})
+"""The fields of the brakes record besides its signature."""
 
 
 def decode_brakes(value: str | None, keys: StateKeys) -> dict[str, Brake] | None:
     """The verified brakes of a ``data.record`` value (driver -> brake), None when absent, malformed, too long or
     not signed by a state key. Never raises."""
-    if not value or len(value) > MAX_RECORD_BYTES:
+    doc = open_record(value, keys, version=FORMAT_VERSION, fields=BRAKES_FIELDS, max_bytes=MAX_RECORD_BYTES)
+    if doc is None or not isinstance(doc["brakes"], dict):
         return None
     try:
-        doc = json.loads(value)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict) or doc.get("v") != FORMAT_VERSION:
-        return None
-    signature = doc.pop("sig", None)
-    if not isinstance(signature, str) or set(doc) != {"v", "brakes"} or not isinstance(doc["brakes"], dict):
-        return None
-    try:
-        if not keys.verify(_canonical(doc), signature):
-            return None
         return {str(driver): _decode_brake(str(driver), raw) for driver, raw in doc["brakes"].items()}
     except (KeyError, TypeError, ValueError, AttributeError, RecursionError):
         return None

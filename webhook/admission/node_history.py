@@ -24,11 +24,11 @@ that, no new node gets one: its CSINode's own state still applies). Pure: no I/O
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
 from webhook.admission.cluster import RetainedState
-from webhook.admission.state import GuardState, StateKeys, _canonical, decode_state, format_time, parse_time
+from webhook.admission.signed_records import open_record, seal_record
+from webhook.admission.state import GuardState, StateKeys, decode_state, format_time, parse_time
 
 HISTORY_LABEL = "csinode-guard.io/node-history"
 """The label (value ``"true"``) on every history ConfigMap: the guard's watch selects by it."""
@@ -62,27 +62,20 @@ def encode_history(retained: RetainedState, keys: StateKeys) -> str:
     doc: dict[str, Any] = {"v": FORMAT_VERSION, "node": retained.node, "uid": retained.uid,
                            "nodeUID": retained.node_uid, "state": retained.state,
                            "savedAt": format_time(retained.saved_at)}
-    doc["sig"] = keys.sign(_canonical(doc))
-    return _canonical(doc).decode("ascii")
+    return seal_record(doc, keys)
+
+
+HISTORY_FIELDS = frozenset({"v", "node", "uid", "nodeUID", "state", "savedAt"})
+"""The fields of a history record besides its signature."""
 
 
 def decode_history(value: str | None, node: str, keys: StateKeys) -> RetainedState | None:
     """The verified record of ``node``, or None when absent, malformed, too long, for another node, or not signed
     by a state key. Never raises."""
-    if not value or len(value) > MAX_RECORD_BYTES:
-        return None
-    try:
-        doc = json.loads(value)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(doc, dict) or doc.get("v") != FORMAT_VERSION or doc.get("node") != node:
-        return None
-    signature = doc.pop("sig", None)
-    if not isinstance(signature, str) or set(doc) != {"v", "node", "uid", "nodeUID", "state", "savedAt"}:
+    doc = open_record(value, keys, version=FORMAT_VERSION, fields=HISTORY_FIELDS, max_bytes=MAX_RECORD_BYTES)
+    if doc is None or doc["node"] != node:
         return None
     if not all(isinstance(doc[k], str) for k in ("uid", "nodeUID", "state", "savedAt")):
-        return None
-    if not keys.verify(_canonical(doc), signature):
         return None
     try:
         saved = parse_time(doc["savedAt"])
