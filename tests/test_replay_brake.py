@@ -127,7 +127,7 @@ def test_an_increase_after_capacity_failures_on_half_the_raised_nodes_is_held(tm
     assert (later["final"], later["decision"]) == (20, "clamp"), "still engaged 29 minutes after the last failure"
     [engaged] = doc["summary"]["brakes"]
     assert engaged["driver"] == EBS and engaged["engaged"] is True
-    assert engaged["time"] == f"{BASE}:12:00.000Z"
+    assert engaged["time"] == f"{BASE}:11:00.000Z"  # the second failure completes the evidence
     assert "on 2 of 4 nodes" in engaged["message"] and f"csi-{NODES[0]}-600" in engaged["message"]
     records = [json.loads(line) for line in out.read_text().splitlines()]
     [record] = [r for r in records if r["decision"] == "brake-engaged"]
@@ -136,7 +136,7 @@ def test_an_increase_after_capacity_failures_on_half_the_raised_nodes_is_held(tm
     [mutate] = [r for r in records if r["uid"] == held["auditID"] and r["endpoint"] == "mutate"]
     assert "increases of ebs.csi.aws.com are held cluster-wide" in json.dumps(mutate)
     table = replay(tmp_path, "--audit-log", str(rollout_log(tmp_path, 8)))
-    assert f"brake engaged at {BASE}:12:00.000Z: the brake on {EBS} engaged" in table.stdout
+    assert f"brake engaged at {BASE}:11:00.000Z: the brake on {EBS} engaged" in table.stdout
 
 
 def test_errorcode_9_after_the_same_rollout_holds_nothing(tmp_path: Path) -> None:

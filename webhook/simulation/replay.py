@@ -266,6 +266,7 @@ class Replayer:
             self._csidriver_facts(event)
         elif resource == "volumeattachments":
             self._attach_facts(event, now)
+            self._leader_pass(now)  # the evidence as it comes: "would the brake have engaged" needs no later write
         elif resource == "csinodes" and not ref.get("subresource"):
             self._csinode(event, now)
         else:  # another API group's "nodes", a subresource
@@ -351,7 +352,8 @@ class Replayer:
     def _leader_pass(self, now: datetime) -> None:
         """The audit leader's brake decision at ``now`` (:func:`webhook.admission.brake.decide_brakes`) over the
         replayed states (the increases the guard would have admitted) and the log's attach errors, taken before
-        every judged write as the guard takes it at the start of every audit pass. A brake that engages or releases
+        every judged write and after every VolumeAttachment event, where the live leader takes it at the start of
+        every audit pass (so up to one audit interval later). A brake that engages or releases
         is counted in the summary and written to ``audit_sink`` as the leader's audit record."""
         nodes = set(self.objects) | set(self.raised) | {n for n, _ in self.cluster.attach_error_list}
         current = self.cluster.brakes
