@@ -206,6 +206,8 @@ def test_every_alert_has_a_real_scenario_or_a_reason(alert: str) -> None:
         "CSINodeGuardCacheNotSynced", "CSINodeGuardAuditLogStalled",
         # made by the rollout scenario of tests/k8s/test_monitoring_dashboard.py
         "CSINodeGuardPersistentDisagreement", "CSINodeGuardEntriesFrozen",
+        # made by the engage-and-release scenario of tests/k8s/test_brake.py
+        "CSINodeGuardBrakeEngaged",
     }
     assert alert in made_here | UNIT_TESTED_ONLY.keys(), f"{alert}: add a scenario, or a reason in UNIT_TESTED_ONLY"
 
