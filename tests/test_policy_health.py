@@ -54,12 +54,8 @@ def readyz_everywhere(server: RunningServer, rounds: int = 8) -> list[tuple[int,
     """(HTTP status, body) of /readyz over ``rounds`` fresh connections (they land on both workers)."""
     answers = []
     for _ in range(rounds):
-        pool = server.client()
-        try:
-            answer = pool.request("GET", "/readyz")
-            answers.append((answer.status, json.loads(answer.data)))
-        finally:
-            pool.close()
+        answer = server.get_on_fresh_connection("/readyz")
+        answers.append((answer.status, json.loads(answer.data)))
     return answers
 
 
