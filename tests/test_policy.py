@@ -277,7 +277,8 @@ def test_a_broken_policy_is_refused_naming_file_path_and_constraint(
     [
         pytest.param("spec: [unclosed\n", "line 2, column 1", "not valid YAML", id="text that is not YAML"),
         pytest.param("a: 1\n---\nb: 2\n", "line 2, column 1", "not valid YAML", id="two YAML documents"),
-        pytest.param("", "$", "None is not of type 'object'", id="an empty file"),
+        pytest.param("", "$", "the file is empty (no YAML document)", id="an empty file"),
+        pytest.param("# a comment only\n\n", "$", "the file is empty (no YAML document)", id="comments only"),
         pytest.param("- GuardPolicy\n", "$", "is not of type 'object'", id="a YAML list"),
     ],
 )

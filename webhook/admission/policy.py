@@ -606,6 +606,8 @@ def load_policy(path: str | Path | None = None) -> Policy:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise PolicyError(source, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from None
+    if doc is None:  # nothing but whitespace and comments: a truncated write, or the wrong file
+        raise PolicyError(source, "$", "the file is empty (no YAML document): write a GuardPolicy into it")
     try:
         return parse_policy(doc, source, file.parent)
     except PolicyError:
