@@ -5,7 +5,11 @@ and deletes every file it recorded when the process exits. The workers are forke
 inherited the master's record: the first worker to exit (a restart after a timeout, a SIGTERM) deleted the files
 the master and the other worker still opened their apiserver connections with, and from then on every new
 connection of theirs failed (``SSLError(FileNotFoundError)``): the audit candidate stopped renewing its Lease.
-cluster.sh's admin kubeconfig carries its credentials as data, as most kubeconfigs do."""
+cluster.sh's admin kubeconfig carries its credentials as data, as most kubeconfigs do.
+
+The workers also inherited the master's exit handler for its GuardPolicy follower: a worker that exited gave up
+the master's status Lease, ended the master's report Lease (the replica looked gone from ``status.replicas``) and
+wrote on the master's open TLS connections, which then failed with a bad record MAC."""
 
 from __future__ import annotations
 
@@ -48,6 +52,14 @@ def lease(cp: ControlPlane, name: str = LEASE) -> dict[str, Any]:
     return spec
 
 
+def master_reports(cp: ControlPlane, master: int) -> list[dict[str, Any]]:
+    """The specs of the GuardPolicy report Leases held by the guard's master (``csinode-guard-policy-<replica>``,
+    the replica's identity ending in the master's pid)."""
+    found = json.loads(cp.kubectl("get", "lease", "-n", NAMESPACE, "-o", "json").stdout)["items"]
+    return [item["spec"] for item in found if item["metadata"]["name"].startswith("csinode-guard-policy-")
+            and str(item["spec"].get("holderIdentity", "")).endswith(f"-{master}")]
+
+
 def credential_files(directory: Path, kubeconfig: Path) -> set[Path]:
     """The files in ``directory`` holding one of ``kubeconfig``'s ``*-data`` values (what the client wrote)."""
     config = yaml.safe_load(kubeconfig.read_text())
@@ -83,6 +95,8 @@ def test_a_worker_that_exits_leaves_the_audit_candidate_its_credentials(control_
     written = credential_files(temp, cp.kubeconfig)
     assert written, "the client wrote the kubeconfig's credentials to files"
     other = next(iter(workers(master) - {leader}))
+    wait_until(lambda: master_reports(cp, master), timeout=60, what="the master's report Lease")
+    logged = len(guard.log.read_text())
     os.kill(other, signal.SIGTERM)  # a clean worker exit: its atexit handlers run
     wait_until(lambda: other not in workers(master) and len(workers(master)) == 2, timeout=60,
                what="gunicorn replaced the worker")
@@ -102,3 +116,9 @@ def test_a_worker_that_exits_leaves_the_audit_candidate_its_credentials(control_
             spec = wait_until(renewed, timeout=60, what=f"Lease {name} renewed after a worker exited")
             assert str(spec["holderIdentity"]).endswith(holder), spec
     assert "FileNotFoundError" not in guard.log.read_text()
+    # Nothing of the master's was stopped by the worker's exit: it never gave its status Lease up, its report
+    # Lease was not ended (leaseDurationSeconds 1), and its TLS connections were not written on by another process.
+    since = guard.log.read_text()[logged:]
+    assert f"no longer holding the audit Lease {NAMESPACE}/{STATUS_LEASE}" not in since, since
+    assert not any(marker in since for marker in ("BAD_RECORD_MAC", "DECRYPTION_FAILED", "SSLError")), since
+    assert [spec.get("leaseDurationSeconds") for spec in master_reports(cp, master)] != [1]

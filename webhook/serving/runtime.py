@@ -162,6 +162,12 @@ def _cluster_policy_mirror(settings: Settings) -> tuple[Settings, Any]:
     return dataclasses.replace(settings, policy=mirror.path), (mirror, api_client)
 
 
+def _in_creator(stop: Any, creator: int) -> None:
+    """Run ``stop()`` when this is process ``creator`` (an atexit handler a forked child inherits does nothing)."""
+    if os.getpid() == creator:
+        stop()
+
+
 def _remove_tree(path: Any, creator: int) -> None:
     import shutil  # noqa: PLC0415
 
@@ -185,7 +191,11 @@ def _start_cluster_policy(settings: Settings, state: Any, master_store: Any) -> 
         cache_settings=CacheSettings(max_staleness=settings.max_staleness),
     )
     follower.start()
-    atexit.register(follower.stop)
+    # In the master only: gunicorn forks the workers after when_ready, so they inherit this handler (and the
+    # follower's client, with the master's open TLS connections). A worker that exited used to run it: it gave up
+    # the master's status Lease, ended the master's report Lease (the replica then looked gone from
+    # status.replicas) and wrote on the master's TLS connections (which then failed with a bad record MAC).
+    atexit.register(_in_creator, follower.stop, os.getpid())
 
 
 def _cluster_certificates(settings: Settings) -> Any:
