@@ -328,3 +328,43 @@ def test_failures_of_another_class_engage_nothing(
         for va in vas:
             with contextlib.suppress(AssertionError):
                 cp.kubectl("delete", "volumeattachment", va, "--ignore-not-found")
+
+
+def test_a_deleted_or_edited_brake_record_is_written_again_while_the_brake_holds(
+    control_plane: ControlPlane, brakes_record: None, guard_factory: Any, tmp_path: Path
+) -> None:
+    """Someone who may edit ConfigMaps in the guard's namespace deletes the record, then edits it (an unsigned
+    record reads as no brake): the leader writes it again at its next pass although no brake changed, and the
+    increases stay held."""
+    cp = control_plane
+    driver = f"{unique('rewrite')}.csi.example.com"
+    guard = start_guard(guard_factory, brake_policy(tmp_path / "policy.yaml"))
+    nodes = rollout(cp, driver)
+    vas = [attach_error(cp, node, driver, 8) for node in nodes[:3]]
+    try:
+        wait_until(lambda: engaged(guard, driver), timeout=60, interval=1, what="the brake to engage")
+        wait_until(
+            lambda: [stored(cp, node, driver) for node in nodes] == [20] * NODES,
+            timeout=60,
+            interval=1,
+            what="the raised counts restored",
+        )
+        engaged_at = brakes(guard)[driver]["engagedAt"]
+
+        def record_back() -> bool:
+            try:  # a record that does not verify fails brakes()'s check
+                return engaged(guard, driver) and brakes(guard)[driver]["engagedAt"] == engaged_at
+            except AssertionError:
+                return False
+
+        cp.kubectl("delete", "configmap", "-n", NAMESPACE, BRAKES_OBJECT)
+        wait_until(record_back, timeout=60, interval=1, what="the deleted record written again")
+        patch = {"data": {"record": "{}"}}
+        cp.kubectl("patch", "configmap", "-n", NAMESPACE, BRAKES_OBJECT, "--type=merge", "-p", json.dumps(patch))
+        wait_until(record_back, timeout=60, interval=1, what="the edited record written again")
+        update(cp, nodes[4], driver, 34)
+        assert stored(cp, nodes[4], driver) == 20
+    finally:
+        for va in vas:
+            with contextlib.suppress(AssertionError):
+                cp.kubectl("delete", "volumeattachment", va, "--ignore-not-found")

@@ -94,10 +94,19 @@ class BrakeKeeper:
             for driver, after in sorted(updated.items())
             if (before := current.get(driver)) is None or before.engaged != after.engaged
         ]
-        if updated != current and self._write(updated, False):
+        if (updated != current or self._record_differs(updated)) and self._write(updated, False):
             self._tell(changed, policy, generation, now)
         self._publish()
         return self.brakes()
+
+    def _record_differs(self, brakes: Mapping[str, Brake]) -> bool:
+        """True when the record every replica reads (the watch) does not carry ``brakes``' engagements: the
+        ConfigMap was deleted, or edited or forged (read as no brakes). The leader writes it again, or its
+        replicas would admit the increases it holds until some brake changed. A watch that lags this leader's
+        own write costs one more write of the same record."""
+        book = self.view.brake_book()
+        seen = book.brakes if book is not None else {}
+        return _engagements(seen) != _engagements(brakes)
 
     def honour_requests(self, policy: Policy, generation: int, now: datetime) -> None:
         """Release a brake an approver asked to release (the request names the driver and the engagement); a
@@ -179,3 +188,9 @@ class BrakeKeeper:
         for label in engaged:
             audit_metrics.BRAKE_ENGAGED.labels(label).set(1)
         self._published |= engaged
+
+
+def _engagements(brakes: Mapping[str, Brake]) -> dict[str, tuple[bool, str]]:
+    """Each driver's brake as the record keeps it (engaged or not, since when, to the millisecond it is stored
+    with), to compare what a leader decided with what its replicas read."""
+    return {driver: (brake.engaged, format_time(brake.engaged_at)) for driver, brake in brakes.items()}
