@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import jsonpatch
 import pytest
 from kube import EBS, KUBELET, NODE, base_csinode, driver_entry, kubelet_update, review
 
@@ -266,3 +267,32 @@ def test_while_engaged_a_registration_above_the_last_trusted_count_is_clamped_an
                             cluster(engaged_brake()), T0, KEYS)
         assert decision.response.allowed
         assert [c.final for c in decision.changes] == [final]
+
+
+def test_a_failure_stamped_in_the_second_of_the_increase_is_evidence() -> None:
+    """attachError.time has whole seconds; the increase's time has fractions: a failure in the same second counts."""
+    increase = T0 - timedelta(minutes=10, microseconds=-496_000)  # 11:50:00.496
+    failing = {n: [failure(8, increase.replace(microsecond=0))] for n in NODES[:3]}
+    brake = decide_brake(EBS, SETTINGS, None, raised(NODES, increase), errors_on(failing), None, T0)
+    assert brake is not None and brake.engaged
+    earlier = {n: [failure(8, increase.replace(microsecond=0) - timedelta(seconds=1))] for n in NODES[:3]}
+    assert decide_brake(EBS, SETTINGS, None, raised(NODES, increase), errors_on(earlier), None, T0) is None
+
+
+def test_the_audits_restore_is_recorded_in_the_state_and_clears_raised() -> None:
+    """The leader's restore (26 -> 20, the count trusted before the increase) is no change to judge under the brake,
+    yet the state must say what etcd holds: recorded at 20, ``raised`` cleared."""
+    uid = base_csinode()["metadata"]["uid"]
+    old = stored(26, raised_state(uid))
+    restored = copy.deepcopy(old)
+    for entry in restored["spec"]["drivers"]:
+        if entry["name"] == EBS:
+            entry["allocatable"] = {"count": 20}
+    guard = "system:serviceaccount:csinode-guard:csinode-guard"  # a writer the bundled policy lists
+    doc = review(old, restored, user=guard, groups=["system:serviceaccounts", "system:authenticated"])
+    decision = evaluate(parse_review(json.dumps(doc)), POLICY, cluster(engaged_brake()), T0, KEYS)
+    assert decision.response.allowed
+    final = jsonpatch.apply_patch(restored, list(decision.response.patch))
+    state = decode_state(final["metadata"]["annotations"][STATE_ANNOTATION], uid, KEYS).state
+    assert state is not None
+    assert (state.entries[EBS].count, state.entries[EBS].raised) == (20, None)

@@ -93,10 +93,13 @@ def admitted_increases(states: Iterable[tuple[str, GuardState | None]], since: d
 def capacity_failure_after(
     errors: Sequence[AttachError] | None, after: datetime, not_before: datetime | None = None
 ) -> AttachError | None:
-    """The first capacity-class error (gRPC code 8) in ``errors`` at or after ``after`` and, when ``not_before``
-    is given, later than it; None when there is none or the errors are unknown."""
+    """The first capacity-class error (gRPC code 8) in ``errors`` at or after ``after`` (to the second: the API
+    stamps errors in whole seconds) and, when ``not_before`` is given, later than it; None when there is none or
+    the errors are unknown."""
+    # attachError.time has whole seconds (metav1.Time): a failure stamped in the second of ``after`` counts.
+    second = after.replace(microsecond=0)
     for error in sorted(errors or (), key=lambda e: e.time):
-        if error.error_class is not AttachErrorClass.CAPACITY or error.time < after:
+        if error.error_class is not AttachErrorClass.CAPACITY or error.time < second:
             continue
         if not_before is not None and error.time <= not_before:
             continue
@@ -114,7 +117,8 @@ def gather_evidence(
     :meth:`webhook.admission.cluster.ClusterView.attach_errors`."""
     evidence = []
     for item in sorted(raised, key=lambda r: r.node):
-        failure = capacity_failure_after(errors(item.node, item.driver, item.raised_at), item.raised_at, not_before)
+        since = item.raised_at.replace(microsecond=0)  # attach errors are stamped in whole seconds
+        failure = capacity_failure_after(errors(item.node, item.driver, since), item.raised_at, not_before)
         if failure is not None:
             evidence.append(
                 BrakeEvidence(

@@ -17,6 +17,7 @@ that left it go. No state without an object UID (a CREATE) or when nothing chang
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import timedelta
 
 from webhook.admission.brake import next_raised
@@ -40,6 +41,29 @@ def held_below(asked: int | None, final: int | None, prev: EntryState | None, *,
     if asked is None or final is None or asked >= INT32_MAX or asked <= final:
         return None
     return asked
+
+
+def _record_restores(write: Write, entries: dict[str, EntryState] | None) -> dict[str, EntryState] | None:
+    """``entries`` with every restore under the brake recorded (a copy of ``write.entries`` made when needed).
+
+    While a brake holds a driver, an entry the guard raised is judged from the count trusted before the increase
+    (:func:`webhook.admission.brake.braked_entry`) while its signed state still records the raised count. A write
+    that puts the object's count back at that trusted count (the audit's restore) is then no change to judge, yet
+    the state must say what etcd holds: such an entry is recorded at the trusted count, ``raised`` cleared, so the
+    next engagement's evidence starts from a new increase and a later release does not find the old count."""
+    recorded = write.decoded.state.entries if write.decoded.state is not None else {}
+    changed = {c.driver for c in write.changes}
+    for driver, entry in write.entries.items():
+        before = recorded.get(driver)
+        if driver in changed or before is None or before.raised is None or before.count == entry.count:
+            continue
+        now_stored = write.new.drivers.get(driver)
+        if now_stored is None or now_stored.allocatable_count != entry.count:
+            continue
+        if entries is None:
+            entries = dict(write.entries)
+        entries[driver] = replace(entry, raised=None, changed_at=write.now)
+    return entries
 
 
 def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tuple[
@@ -110,6 +134,7 @@ def next_state(write: Write, judgement: Judgement, settlement: Settlement) -> tu
             entries = dict(write.entries)
         entries[c.driver] = entry
         outcomes.append(ChangeOutcome(c, final, ctx.driver_version, basis, freeze))
+    entries = _record_restores(write, entries)
     if (entries is None and not declarations.approvals_recorded and not declarations.declared_changed) or not write.uid:
         return None, outcomes
     # Entries of drivers that are not in the object now are kept: kubelet removes a driver whose node plugin
