@@ -296,3 +296,19 @@ def test_the_audits_restore_is_recorded_in_the_state_and_clears_raised() -> None
     state = decode_state(final["metadata"]["annotations"][STATE_ANNOTATION], uid, KEYS).state
     assert state is not None
     assert (state.entries[EBS].count, state.entries[EBS].raised) == (20, None)
+
+
+def test_while_engaged_a_first_registration_is_clamped_to_the_highest_count_trusted_before_the_failed_increases() -> None:
+    """A node that joins during the incident has no count of its own to hold: it registers at most the counts
+    trusted before the increases whose attaches failed (20 here), never what the driver now reports."""
+    fresh = base_csinode()  # no state, no history: a new node
+    fresh["spec"]["drivers"] = [d for d in fresh["spec"]["drivers"] if d["name"] != EBS]
+    for count, final in ((40, 20), (12, 12)):
+        registered = kubelet_update(fresh, EBS, count)
+        doc = review(fresh, registered, user=KUBELET)
+        held = evaluate(parse_review(json.dumps(doc)), POLICY, cluster(engaged_brake()), T0, KEYS)
+        assert held.response.allowed
+        assert [c.final for c in held.changes] == [final]
+    free = evaluate(parse_review(json.dumps(review(fresh, kubelet_update(fresh, EBS, 25), user=KUBELET))), POLICY,
+                    cluster(None), T0, KEYS)
+    assert [c.final for c in free.changes] == [25]

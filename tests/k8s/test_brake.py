@@ -199,6 +199,12 @@ def engage_hold_restore_release(
     # A decrease passes.
     update(cp, nodes[5], driver, 18)
     assert stored(cp, nodes[5], driver) == 18
+    # A node that joins now registers at most the count trusted before the failed increases, not the driver's 40.
+    joined = unique("brake-joined")
+    cp.create_node(joined)
+    cp.kubelet(joined, "init")
+    cp.kubelet(joined, "install", "--driver", driver, "--node-id", f"i-{joined}", "--max-volumes", "40")
+    assert stored(cp, joined, driver) == 20
 
     status = json.loads(
         guard.csinode_guard(

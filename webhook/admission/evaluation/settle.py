@@ -46,8 +46,9 @@ class Settlement(NamedTuple):
 
 
 def closest_to_old(change: CountChange, targets: list[int]) -> int:
-    """Of the counts clamps allow, the most restrictive: the lowest for an increase, else the highest."""
-    if change.is_increase:
+    """Of the counts clamps allow, the most restrictive: the lowest for an increase or a first registration (every
+    clamp of one caps it), else the highest."""
+    if change.is_increase or change.is_first_registration:
         return min(targets)
     return max(targets)
 

@@ -45,6 +45,9 @@ def check(ctx: RuleContext) -> list[Violation]:
     change = ctx.change
     rules = ctx.driver_policy.rules
     found: list[Violation] = []
+    if ctx.brake is not None and change.is_first_registration:
+        first = _first_registration_under_brake(ctx)
+        return [first] if first is not None else found
     if not change.is_increase:
         if change.new == 0 and not ctx.justified:
             found.append(
@@ -122,6 +125,28 @@ def check(ctx: RuleContext) -> list[Violation]:
             )
         )
     return found
+
+
+def _first_registration_under_brake(ctx: RuleContext) -> Violation | None:
+    """While the brake of the driver is engaged, a node with no earlier count of it (a node that joins during the
+    incident, or a CSINode without state or history) registers at most the highest count trusted before the
+    increases whose attaches failed (the evidence's ``from`` counts): the counts above them are what failed. A
+    registration is never refused: the finding clamps it."""
+    brake = ctx.brake
+    change = ctx.change
+    if brake is None:
+        return None
+    cap = max((e.before for e in brake.evidence), default=None)
+    if cap is None or (change.new is not None and change.new <= cap):
+        return None
+    return Violation(
+        rule=RULE_ID,
+        action=ctx.driver_policy.rules.rollback_action,
+        why=f"a first registration of {change.driver} while its increases are held cluster-wide registers at most "
+        f"{cap}, the highest count trusted before the increases whose attaches failed: {describe(brake)}",
+        proceed=release_hint(change.driver),
+        clamp_to=cap,
+    )
 
 
 def last_step(entry: EntryState) -> datetime:
