@@ -298,7 +298,7 @@ def test_the_audits_restore_is_recorded_in_the_state_and_clears_raised() -> None
     assert (state.entries[EBS].count, state.entries[EBS].raised) == (20, None)
 
 
-def test_while_engaged_a_first_registration_is_clamped_to_the_highest_count_trusted_before_the_failed_increases() -> None:
+def test_while_engaged_a_first_registration_is_clamped_to_the_count_trusted_before_the_failed_increases() -> None:
     """A node that joins during the incident has no count of its own to hold: it registers at most the counts
     trusted before the increases whose attaches failed (20 here), never what the driver now reports."""
     fresh = base_csinode()  # no state, no history: a new node
