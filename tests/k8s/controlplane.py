@@ -457,15 +457,21 @@ CLUSTER_POLICY = Path("<the cluster's GuardPolicy>")
 GuardPolicy NAME instead of a policy file (webhook/serving/cluster_policy.py)."""
 
 
-def fast_policy(path: Path, min_interval: str = "2s", *, reporter: str | None = None) -> Path:
+def fast_policy(
+    path: Path, min_interval: str = "2s", *, reporter: str | None = None, reconcile: str | None = None
+) -> Path:
     """The default policy with change-rate's ``minInterval`` shortened (as tests/test_e2e.py does).
 
     With ``reporter``, EBS driver versions come from the ``csinode-guard.io/driver-versions`` annotation as that
-    user declares it (``spec.versionReporters``): no node plugin pods run here for ``versionSource: pod``.
+    user declares it (``spec.versionReporters``): no node plugin pods run here for ``versionSource: pod``. With
+    ``reconcile``, ``spec.reconcile`` (``report``: the audit repairs nothing, for tests of what an operator does
+    while the guard is unregistered but running).
     """
 
     def edit(doc: dict[str, Any]) -> None:
         doc["spec"]["rules"]["change-rate"]["minInterval"] = min_interval
+        if reconcile is not None:
+            doc["spec"]["reconcile"] = reconcile
         if reporter is not None:
             doc["spec"]["versionReporters"] = {"users": [reporter]}
             doc["spec"]["drivers"]["ebs.csi.aws.com"]["versionSource"] = {"type": "annotation"}

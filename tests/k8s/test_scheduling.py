@@ -29,6 +29,7 @@ def test_with_the_guard_at_most_the_real_limit_of_volume_pods_lands_on_the_node(
     assert counts(cp.get_csinode(guarded)) == {EBS: REAL_LIMIT}
 
     guard.unregister()
+    guard.stop()  # without the guard at all: a running one's audit (reconcile: clamp) would lower the 39 as well
     cp.kubelet(unguarded, "install", "--driver", EBS, "--node-id", "i-u", "--max-volumes", str(REAL_LIMIT))
     cp.kubelet(unguarded, "update", "--driver", EBS, "--max-volumes", str(BOGUS))
     assert counts(cp.get_csinode(unguarded)) == {EBS: BOGUS}

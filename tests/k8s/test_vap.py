@@ -30,6 +30,8 @@ def _policy(tmp_path: Path) -> Path:
     """The default policy with change-rate in dryrun, so that the test's quick writes are judged on the rest."""
     doc = yaml.safe_load(DEFAULT_POLICY.read_text("utf-8"))
     doc["spec"]["rules"]["change-rate"]["enforcementAction"] = "dryrun"
+    # The runbook's restore is tested: the running guard's audit must not lower the unjudged 39 first.
+    doc["spec"]["reconcile"] = "report"
     path = tmp_path / "policy.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False), "utf-8")
     (tmp_path / "profiles").symlink_to(DEFAULT_POLICY.parent / "profiles")
