@@ -62,7 +62,9 @@ def _record_restores(write: Write, entries: dict[str, EntryState] | None) -> dic
             continue
         if entries is None:
             entries = dict(write.entries)
-        entries[driver] = replace(entry, raised=None, changed_at=write.now)
+        # changed_at stays the entry's: a restore is the guard's own correction, not a change that paces the next
+        # increase (change-rate), which the brake holds anyway while it is engaged.
+        entries[driver] = replace(entry, raised=None)
     return entries
 
 
