@@ -77,9 +77,11 @@ class RunningServer:
             pool = self.client()
             try:
                 return pool.request("GET", path)
-            except urllib3.exceptions.ProtocolError:
+            except urllib3.exceptions.ProtocolError as exc:
                 if attempt == 2 or self.handshake_closes() == closed_before:
-                    raise
+                    log = self.stderr_path.read_text(errors="replace")
+                    raise AssertionError(f"GET {path} on a new connection: {exc}; the server's log ends:\n"
+                                         f"{log[-3000:]}") from exc
             finally:
                 pool.close()
         raise AssertionError("unreachable")

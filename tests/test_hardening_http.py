@@ -245,6 +245,9 @@ def test_stalled_clients_hold_a_thread_only_until_the_read_deadline(server_facto
     log = server.stderr_path.read_text()
     assert "Traceback" not in log
     assert log.count("client sent no complete") == 3, log  # one line per stalled client, no drain wait
+    # Each line names what the client still owed: the half ClientHello its handshake, the others their request.
+    assert log.count("client sent no complete TLS handshake") == 1, log
+    assert log.count("client sent no complete request") == 2, log
 
 
 def test_connections_that_send_nothing_hold_no_thread(server_factory: Any) -> None:

@@ -195,7 +195,7 @@ class WholeRequestWorker(gthread.ThreadWorker):  # type: ignore[misc]
             started = min(now, queued) if queued is not None else now
             gathering = conn.csinode_guard_gathering = _Gathering(started, now + self.read_timeout)
         if now > gathering.deadline:
-            return self._too_slow(conn, "request")
+            return self._too_slow(conn, self._awaited(conn))
         if not conn.initialized:
             if not self._handshake(conn):
                 return _WAIT
@@ -246,6 +246,12 @@ class WholeRequestWorker(gthread.ThreadWorker):  # type: ignore[misc]
             return False
         return True
 
+    def _awaited(self, conn: Any) -> str:
+        """What a connection past its deadline still owes: its TLS handshake, or (once that is done, or without
+        TLS) its request. The log line and the client's view agree: a client cut off mid-handshake sees a reset
+        of the handshake, not of a request."""
+        return "TLS handshake" if self.cfg.is_ssl and not conn.initialized else "request"
+
     def _too_slow(self, conn: Any, what: str) -> bool:
         give_up = getattr(conn.sock, "give_up", None)
         if callable(give_up):
@@ -275,7 +281,7 @@ class WholeRequestWorker(gthread.ThreadWorker):  # type: ignore[misc]
             self.nr_conns -= 1
             if late:
                 try:
-                    self._too_slow(conn, "request" if conn.initialized else "TLS handshake")
+                    self._too_slow(conn, self._awaited(conn))
                 except Exception:  # closing must go on
                     log.debug("counting a slow client failed", exc_info=True)
             conn.close()
