@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -587,18 +588,22 @@ class Guard:
         self.paused = False
         deadline = time.monotonic() + timeout
         context = ssl.create_default_context(cafile=str(self.control_plane.ca_crt))
+        last_answer = "no answer"
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"serve exited {self.process.returncode}: {self.log.read_text()[-3000:]}")
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(f"{self.url}/readyz", context=context, timeout=2) as answer,
-            ):
-                if answer.status == 200:
-                    return
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", context=context, timeout=2) as answer:
+                    if answer.status == 200:
+                        return
+            except urllib.error.HTTPError as error:  # 503 while not ready: its body says what it waits for
+                last_answer = f"{error.code} {error.read()[:1000]!r}"
+            except OSError as error:
+                last_answer = repr(error)
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"serve not ready within {timeout}s: {self.log.read_text()[-3000:]}")
+        raise RuntimeError(f"serve not ready within {timeout}s (last /readyz: {last_answer}): "
+                           f"{self.log.read_text()[-3000:]}")
 
     def stop(self, wait: bool = True) -> None:
         """SIGTERM the process group (SIGCONT first if paused), SIGKILL after 20 s. Without ``wait``, return at
