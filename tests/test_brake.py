@@ -19,6 +19,7 @@ from webhook.admission.brake import (
     RaisedNode,
     ReleaseRequest,
     admitted_increases,
+    brake_json,
     crosses_threshold,
     decide_brake,
     decode_brakes,
@@ -27,6 +28,7 @@ from webhook.admission.brake import (
     honour_release,
     next_raised,
     parse_release_request,
+    quiet_release_at,
 )
 from webhook.admission.cluster import AttachError, Brake, StaticClusterView
 from webhook.admission.csinode import parse_csinode
@@ -43,6 +45,7 @@ from webhook.admission.state import (
     decode_state,
     encode_state,
 )
+from webhook.commands.brake import format_brakes
 
 T0 = datetime(2026, 12, 4, 12, 0, tzinfo=UTC)
 KEYS = StateKeys([b"brake-test-key-0123456789abcdef0"])
@@ -139,6 +142,40 @@ def test_the_quiet_period_counts_from_the_last_capacity_failure_anywhere() -> No
     released = decide_brake(EBS, SETTINGS, moved, (), none, newer, newer + timedelta(minutes=30))
     assert released is not None and not released.engaged
     assert released.released_by == QUIET_PERIOD
+
+
+def test_the_release_time_shown_is_when_the_quiet_period_releases_the_brake() -> None:
+    brake = engaged_brake(T0 - timedelta(minutes=5))
+    release = quiet_release_at(brake, SETTINGS)
+    assert release == brake.last_failure_at + timedelta(minutes=30)
+    # The leader's own decision agrees: engaged a second before, released at that time.
+    before = decide_brake(EBS, SETTINGS, brake, (), errors_on({}), None, release - timedelta(seconds=1))
+    assert before is not None and before.engaged
+    at = decide_brake(EBS, SETTINGS, brake, (), errors_on({}), None, release)
+    assert at is not None and not at.engaged
+    assert quiet_release_at(at, SETTINGS) is None
+    assert quiet_release_at(brake, replace(SETTINGS, enabled=False)) is None  # released at the next pass
+    assert brake_json(brake, SETTINGS)["releasesAt"] == "2026-12-04T12:25:00.000Z"
+    assert "releasesAt" not in brake_json(brake)  # no policy, no claim
+
+
+def test_the_brake_table_says_when_it_releases_and_its_columns_fit_a_long_driver_name() -> None:
+    long_driver = "a-very-long-vendor-name.block-storage.region-specific.csi.example.com"
+    brake = replace(engaged_brake(T0 - timedelta(minutes=5)), driver=long_driver)
+    released = replace(engaged_brake(), driver=EBS, released_at=T0, released_by="bob", release_reason="fixed")
+    table = format_brakes({long_driver: brake, EBS: released}, T0, True, SETTINGS)
+    header, engaged_row, *rest = table.splitlines()
+    released_row = next(line for line in rest if line.startswith(EBS))
+    for column in ("STATE", "SINCE", "EVIDENCE", "DETAIL"):
+        at = header.index(column)
+        assert engaged_row[at - 1] == " " and engaged_row[at] != " ", (column, table)
+        assert released_row[at - 1] == " " and released_row[at] != " ", (column, table)
+    assert engaged_row.startswith(long_driver + "   engaged")
+    assert "releases it at 2026-12-04T12:25:00.000Z (in 25m) unless another one comes" in engaged_row
+    assert "by bob: fixed" in released_row
+    past = format_brakes({EBS: replace(brake, driver=EBS)}, T0 + timedelta(hours=1), True, SETTINGS)
+    assert "the leader releases it at its next pass" in past
+    assert "releases it" not in format_brakes({EBS: replace(brake, driver=EBS)}, T0, True)
 
 
 def test_failures_before_a_release_do_not_engage_it_again() -> None:

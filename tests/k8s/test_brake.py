@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from tests.k8s.controlplane import ADMIN_USER, REPO, ControlPlane, Guard, counts
 from tests.k8s.monitoring import assert_alert_active, condition, scraped
 from tests.k8s.prometheus import Prometheus
 from webhook.admission.brake import BRAKES_OBJECT
+from webhook.admission.state import format_time, parse_time
 
 NAMESPACE = "csinode-guard"  # the guard's namespace: its Lease, the history records and the brakes
 NODES = 6
@@ -295,6 +297,17 @@ def test_the_quiet_period_releases_the_brake(
         wait_until(lambda: engaged(guard, driver), timeout=60, interval=1, what="the brake to engage")
         update(cp, nodes[4], driver, 34)
         assert stored(cp, nodes[4], driver) == 20
+        # brake list says when the quiet period of the policy the guard serves releases it.
+        key = ("--state-key-file", str(guard.cert_dir / "state.key"))
+        listed = json.loads(guard.csinode_guard("brake", "list", "-o", "json", "-n", NAMESPACE, "--policy", str(path),
+                                                *key).stdout)
+        [shown] = [b for b in listed["brakes"] if b["driver"] == driver]
+        releases = parse_time(shown["lastFailureAt"]) + timedelta(hours=1)  # brake_policy's quiet period
+        assert parse_time(shown["releasesAt"]) == releases
+        assert listed["policy"]["origin"] == "file"
+        table = guard.csinode_guard("brake", "list", "-n", NAMESPACE, "--policy", str(path), *key).stdout
+        assert f"releases it at {format_time(releases)}" in table, table
+        assert "Quiet period from policy" in table, table
         brake_policy(path, quiet_period="5s")  # hot reload: the failures are older than that
         wait_until(lambda: not engaged(guard, driver), timeout=60, interval=1, what="the quiet period release")
         assert brakes(guard)[driver]["releasedBy"] == "quiet-period"

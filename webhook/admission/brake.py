@@ -324,6 +324,16 @@ def describe(brake: Brake, quiet_period: float | None = None) -> str:
     )
 
 
+def quiet_release_at(brake: Brake, settings: BrakeSettings) -> datetime | None:
+    """When (UTC) the quiet period releases ``brake`` unless another capacity-class failure of its driver comes
+    first: ``settings.quiet_period`` seconds after its last one (:func:`decide_brake`; the leader releases it at
+    its first pass after that). None when it is released already or ``settings.enabled`` is false (the leader
+    releases it at its next pass)."""
+    if not brake.engaged or not settings.enabled:
+        return None
+    return brake.last_failure_at + timedelta(seconds=settings.quiet_period)
+
+
 def release_hint(driver: str) -> str:
     """How an approver releases the brake on ``driver``."""
     return (
@@ -404,10 +414,15 @@ def read_brakes_unverified(value: str | None) -> dict[str, Brake] | None:
         return None
 
 
-def brake_json(brake: Brake) -> dict[str, Any]:
+def brake_json(brake: Brake, settings: BrakeSettings | None = None) -> dict[str, Any]:
     """``brake`` as ``csinode-guard brake list -o json`` and ``status -o json`` show it: the record's document with
-    its driver and whether it is engaged."""
-    return {"driver": brake.driver, "engaged": brake.engaged, **_brake_document(brake)}
+    its driver and whether it is engaged; with the policy's ``settings``, ``releasesAt`` (:func:`quiet_release_at`,
+    None when it is released or brakes are disabled)."""
+    document = {"driver": brake.driver, "engaged": brake.engaged, **_brake_document(brake)}
+    if settings is not None:
+        release = quiet_release_at(brake, settings)
+        document["releasesAt"] = format_time(release) if release is not None else None
+    return document
 
 
 def _decode_brake(driver: str, raw: Mapping[str, Any]) -> Brake:

@@ -22,14 +22,27 @@ from webhook.admission.brake import (
     brake_json,
     decode_brakes,
     encode_release_request,
+    quiet_release_at,
     read_brakes_unverified,
 )
 from webhook.admission.cluster import Brake
 from webhook.admission.durations import format_duration
+from webhook.admission.policy import BrakeSettings
 from webhook.admission.state import StateKeys, format_time
-from webhook.commands.options import api_failure, cluster_options, connect, echo_document, output_option
+from webhook.commands.options import (
+    api_failure,
+    cluster_options,
+    connect,
+    echo_document,
+    guard_policy_option,
+    load_state_keys,
+    output_option,
+    served_policy_for,
+    state_key_file_option,
+)
 from webhook.kube import kubeapi
 from webhook.kube.brakes import read_brakes_object, request_release, who_am_i
+from webhook.kube.guardpolicy import ServedPolicy
 
 NAMESPACE_HELP = "The guard's namespace, where the audit leader records the brakes."
 
@@ -69,63 +82,119 @@ def read_brakes(
     return read_brakes_unverified(value) or {}, dict(obj), False
 
 
-def format_brakes(brakes: dict[str, Brake], now: datetime, verified: bool) -> str:
-    """The brakes as a table (engaged first), each engaged one followed by its evidence: which nodes, which
-    increases, which failures."""
+def format_brakes(
+    brakes: dict[str, Brake], now: datetime, verified: bool, settings: BrakeSettings | None = None
+) -> str:
+    """The brakes as a table (engaged first; columns as wide as their longest value, as kubectl prints), each
+    engaged one followed by its evidence: which nodes, which increases, which failures. With the policy's
+    ``settings`` an engaged brake also says when the quiet period releases it (:func:`quiet_release_at`)."""
     if not brakes:
         return "No brake has engaged.\n"
-    lines = [f"{'DRIVER':<32} {'STATE':<9} {'SINCE':<26} {'EVIDENCE':<10} DETAIL"]
+    rows: list[tuple[tuple[str, str, str, str, str], list[str]]] = []
     for b in sorted(brakes.values(), key=lambda b: (not b.engaged, b.driver)):
+        evidence = f"{len(b.evidence)}/{b.raised_nodes}"
         if b.engaged:
             detail = f"last capacity-class failure {format_duration((now - b.last_failure_at).total_seconds())} ago"
-            lines.append(
-                f"{b.driver:<32} {'engaged':<9} {format_time(b.engaged_at):<26} "
-                f"{len(b.evidence)}/{b.raised_nodes:<8} {detail}"
-            )
-            for e in b.evidence:
-                after = "unbounded" if e.after is None else str(e.after)
-                lines.append(
-                    f"  {e.node}: increase {e.before} -> {after} at {format_time(e.raised_at)}; "
-                    f"errorCode {e.code} on {e.volume_attachment} at {format_time(e.failed_at)}"
-                )
+            if settings is not None:
+                detail += "; " + _release_detail(b, settings, now)
+            below = [
+                f"  {e.node}: increase {e.before} -> {'unbounded' if e.after is None else e.after} at "
+                f"{format_time(e.raised_at)}; errorCode {e.code} on {e.volume_attachment} at {format_time(e.failed_at)}"
+                for e in b.evidence
+            ]
+            rows.append(((b.driver, "engaged", format_time(b.engaged_at), evidence, detail), below))
         else:
             released = format_time(b.released_at) if b.released_at is not None else ""
-            lines.append(
-                f"{b.driver:<32} {'released':<9} {released:<26} {len(b.evidence)}/{b.raised_nodes:<8} "
-                f"by {b.released_by}: {b.release_reason}"
-            )
+            rows.append(((b.driver, "released", released, evidence, f"by {b.released_by}: {b.release_reason}"), []))
+    header = ("DRIVER", "STATE", "SINCE", "EVIDENCE", "DETAIL")
+    widths = [max(len(r[i]) for r in [header, *(cells for cells, _ in rows)]) for i in range(4)]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "   ".join(cells[i].ljust(widths[i]) for i in range(4)) + "   " + cells[4]
+
+    lines = [line(header)]
+    for cells, below in rows:
+        lines.append(line(cells))
+        lines.extend(below)
     if not verified:
         lines.append("(unverified: give --state-key-file to check the leader's signature)")
     return "\n".join(lines) + "\n"
 
 
+def _release_detail(brake: Brake, settings: BrakeSettings, now: datetime) -> str:
+    if not settings.enabled:
+        return "spec.brake.enabled is false: the leader releases it at its next pass"
+    release = quiet_release_at(brake, settings)
+    if release is None or release <= now:
+        return f"quiet for {format_duration(settings.quiet_period)}: the leader releases it at its next pass"
+    return (
+        f"the quiet period ({format_duration(settings.quiet_period)}) releases it at {format_time(release)} "
+        f"(in {format_duration((release - now).total_seconds())}) unless another one comes"
+    )
+
+
 @brake.command("list")
 @output_option(["table", "json", "yaml"])
+@state_key_file_option("The guard's state HMAC key(s), to verify the record; without it it is shown as unverified.")
 @click.option(
-    "--state-key-file",
+    "--policy",
+    "policy_path",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    envvar="CSINODE_GUARD_STATE_KEY_FILE",
+    envvar="CSINODE_GUARD_POLICY",
     show_envvar=True,
-    help="The guard's state HMAC key(s), to verify the record; without it it is shown as unverified.",
+    help="A policy file whose spec.brake says when a brake releases (default: the GuardPolicy the guard serves, "
+    "see --guard-policy).",
 )
+@guard_policy_option
 @_namespace_option
 @cluster_options
 def list_brakes(
-    *, output: str, state_key_file: Path | None, namespace: str, kubeconfig: str | None, context: str | None
+    *,
+    output: str,
+    state_key_file: Path | None,
+    policy_path: Path | None,
+    guard_policy: str,
+    namespace: str,
+    kubeconfig: str | None,
+    context: str | None,
 ) -> None:
-    """Show every driver's brake: engaged (increases held cluster-wide, with the evidence) or released (by whom,
-    why). Reads the ConfigMap csinode-guard-brakes (get on it)."""
-    keys = _keys(state_key_file) if state_key_file is not None else None
+    """Show every driver's brake: engaged (increases held cluster-wide, with the evidence and when the quiet
+    period releases it) or released (by whom, why). Reads the ConfigMap csinode-guard-brakes (get on it) and the
+    policy's spec.brake from the GuardPolicy the guard serves (get on guardpolicies; without it the release time
+    is not shown)."""
+    keys = load_state_keys(state_key_file) if state_key_file is not None else None
     client = connect(kubeconfig, context)
     with client:
         brakes, _, verified = read_brakes(client, namespace, keys)
+        served, unknown = _served_policy(policy_path, guard_policy, client)
+    settings = served.policy.brake if served is not None else None
     if output in ("json", "yaml"):
         echo_document(
-            {"verified": verified, "brakes": [brake_json(b) for b in sorted(brakes.values(), key=lambda b: b.driver)]},
+            {
+                "verified": verified,
+                "brakes": [brake_json(b, settings) for b in sorted(brakes.values(), key=lambda b: b.driver)],
+                "policy": served.to_json() if served is not None else None,
+            },
             output,
         )
         return
-    sys.stdout.write(format_brakes(brakes, datetime.now(UTC), verified))
+    sys.stdout.write(format_brakes(brakes, datetime.now(UTC), verified, settings))
+    if any(b.engaged for b in brakes.values()):
+        sys.stdout.write(f"Quiet period from {served.describe()}\n" if served is not None else
+                         f"(when the quiet period releases them is not shown: {unknown})\n")
+
+
+def _served_policy(
+    policy_path: Path | None, guard_policy: str, client: kubeapi.KubeClient
+) -> tuple[ServedPolicy | None, str]:
+    """The policy whose spec.brake applies, or ``(None, why not)`` when the cluster cannot say (a file given with
+    ``--policy`` that is refused is an error)."""
+    try:
+        return served_policy_for(policy_path, guard_policy, client=client), ""
+    except click.ClickException as exc:
+        if policy_path is not None:
+            raise
+        return None, exc.message
 
 
 @brake.command("release")
@@ -173,11 +242,3 @@ def release(
         f"{format_time(current.engaged_at)}) as {requester or '(unknown)'}: {request.reason}"
     )
 
-
-def _keys(path: Path) -> StateKeys:
-    from webhook.admission.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
-
-    try:
-        return StateKeys(ensure_state_key(path))
-    except (StateKeyError, ValueError, OSError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--state-key-file") from None

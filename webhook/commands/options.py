@@ -3,6 +3,7 @@
 - ``--kubeconfig``/``--context`` of the commands that talk to the cluster (``register``, ``unregister``,
   ``restore``, ``status``, ``preflight``, ``uninstall``), the client they select, and how an API failure is shown;
 - ``-o/--output`` (:func:`output_option`), ``--dry-run=none|client|server`` (:func:`dry_run_option`);
+- ``--state-key-file`` of the commands that verify the guard's signed records (:func:`state_key_file_option`);
 - the exit codes of every command (:data:`EXIT_CODES_HELP`, docs/cli.md);
 - old spellings kept as hidden aliases for one release, with a deprecation warning on standard error
   (:func:`deprecated_alias`, :class:`OutputChoice`).
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import click
 
 from webhook.admission.policy import PolicyError
+from webhook.admission.state import StateKeys
 from webhook.kube import kubeapi
 from webhook.kube.guardpolicy import ServedPolicy, served_policy
 
@@ -245,3 +247,27 @@ def served_policy_for(
     except (kubeapi.KubeApiError, kubeapi.ApiUnreachableError) as exc:
         failure = api_failure(f"cannot read GuardPolicy {name} (pass --policy FILE to judge with a file)", exc)
         raise GuardPolicyUnreadableError(failure.message) from None
+
+
+def state_key_file_option(help: str) -> Callable[[F], F]:
+    """``--state-key-file FILE`` (also ``$CSINODE_GUARD_STATE_KEY_FILE``): the guard's state HMAC key(s), one per
+    line as in Secret ``csinode-guard-state-key``. The file must exist; the command receives the path as
+    ``state_key_file`` (None when not given) and loads it with :func:`load_state_keys`."""
+    return click.option(
+        "--state-key-file",
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        envvar="CSINODE_GUARD_STATE_KEY_FILE",
+        show_envvar=True,
+        help=help,
+    )
+
+
+def load_state_keys(path: Path) -> StateKeys:
+    """The keys in ``path`` (:func:`webhook.admission.state_key.ensure_state_key`: one key per line, the first
+    signs). Raises ``click.BadParameter`` (exit 2, naming ``--state-key-file``) for a file that is not a key."""
+    from webhook.admission.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
+
+    try:
+        return StateKeys(ensure_state_key(path))
+    except (StateKeyError, ValueError, OSError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--state-key-file") from None

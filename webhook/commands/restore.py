@@ -43,7 +43,9 @@ from webhook.commands.options import (
     connect,
     dry_run_option,
     guard_policy_option,
+    load_state_keys,
     served_policy_for,
+    state_key_file_option,
 )
 from webhook.kube import kubeapi
 from webhook.kube.guardpolicy import ServedPolicy
@@ -82,14 +84,6 @@ def _unverified_warning(count: int | None) -> str:
     )
 
 
-def _load_keys(path: Path) -> tuple[StateKeys, str]:
-    from webhook.admission.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
-
-    try:
-        return StateKeys(ensure_state_key(path)), str(path)
-    except (StateKeyError, ValueError, OSError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--state-key-file") from None
-
 
 @click.command("restore")
 @click.argument("node")
@@ -103,13 +97,7 @@ def _load_keys(path: Path) -> tuple[StateKeys, str]:
     metavar="DURATION",
     help="Lifetime of the justification (30m, 1h, 2h30m, ...).",
 )
-@click.option(
-    "--state-key-file",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    envvar="CSINODE_GUARD_STATE_KEY_FILE",
-    show_envvar=True,
-    help="The guard's state HMAC key(s), one per line, as in Secret csinode-guard-state-key.",
-)
+@state_key_file_option("The guard's state HMAC key(s), one per line, as in Secret csinode-guard-state-key.")
 @click.option(
     "--no-verify",
     is_flag=True,
@@ -167,7 +155,7 @@ def restore(
     keys: StateKeys | None = None
     key_source = ""
     if state_key_file is not None:
-        keys, key_source = _load_keys(state_key_file)
+        keys, key_source = load_state_keys(state_key_file), str(state_key_file)
     elif not no_verify:
         raise click.UsageError(
             "--state-key-file is required to verify the guard's state (the key of Secret "

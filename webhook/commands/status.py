@@ -25,8 +25,10 @@ from webhook.commands.options import (
     connect,
     echo_document,
     guard_policy_option,
+    load_state_keys,
     output_option,
     served_policy_for,
+    state_key_file_option,
 )
 from webhook.commands.status_audit import (
     findings_json,
@@ -52,10 +54,8 @@ CannotReadError = NoClusterError
 @click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               envvar="CSINODE_GUARD_POLICY", show_envvar=True,
               help="A policy file to judge with (default: the GuardPolicy the guard serves, see --guard-policy).")
-@click.option("--state-key-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              envvar="CSINODE_GUARD_STATE_KEY_FILE", show_envvar=True,
-              help="The guard's state HMAC key(s), to verify its signed state; without it the state is shown "
-              "as 'unverified'.")
+@state_key_file_option("The guard's state HMAC key(s), to verify its signed state; without it the state is shown "
+                       "as 'unverified'.")
 @click.option("--errors-within", default="1h", show_default=True, metavar="DURATION",
               help="Attach errors this recent are shown.")
 @click.option("--namespace", "-n", default="csinode-guard", show_default=True, envvar="CSINODE_GUARD_NAMESPACE",
@@ -88,7 +88,7 @@ def status(
     when (the audit's Event), and the engaged brakes with their evidence (the ConfigMap csinode-guard-brakes in
     --namespace; skipped when it cannot be read).
     """
-    keys = _keys(state_key_file) if state_key_file is not None else None
+    keys = load_state_keys(state_key_file) if state_key_file is not None else None
     try:
         window = timedelta(seconds=parse_duration(errors_within))
     except ValueError as exc:
@@ -122,7 +122,7 @@ def status(
         standing = [f for f in standing if f.driver in drivers]
     if output in ("json", "yaml"):
         document = {**report_json(report), "standingViolations": findings_json(standing, since),
-                    "brakes": [brake_json(b) for b in sorted(brakes.values(), key=lambda b: b.driver)],
+                    "brakes": [brake_json(b, policy.brake) for b in sorted(brakes.values(), key=lambda b: b.driver)],
                     "policy": served.to_json()}
         echo_document(document, output)
     else:
@@ -130,7 +130,7 @@ def status(
         engaged = {d: b for d, b in brakes.items() if b.engaged}
         if engaged:
             sys.stdout.write("\nBrakes engaged (increases held cluster-wide; csinode-guard brake list):\n"
-                             + format_brakes(engaged, now, verified))
+                             + format_brakes(engaged, now, verified, policy.brake))
         sys.stdout.write(f"Judged with {served.describe()}\n")
 
 
@@ -155,12 +155,3 @@ def read_cluster(client: kubeapi.KubeClient, selector: str | None) -> tuple[list
         client.list_all(kubeapi.VOLUMEATTACHMENTS),
         client.list_all(kubeapi.PODS, field_selector="status.phase=Pending"),
     )
-
-
-def _keys(path: Path) -> StateKeys:
-    from webhook.admission.state_key import StateKeyError, ensure_state_key  # noqa: PLC0415
-
-    try:
-        return StateKeys(ensure_state_key(path))
-    except (StateKeyError, ValueError, OSError) as exc:
-        raise click.BadParameter(str(exc), param_hint="--state-key-file") from None
