@@ -76,11 +76,10 @@ class LabelWarning(NamedTuple):
 
 def _ceiling_message(label: str) -> str:
     source = "; the cloud provider sets it on a new Node" if label in INSTANCE_TYPE_LABELS else ""
-    return (f"ceiling label {label} can be set by the node's own kubelet on its own Node, as NodeRestriction "
-            f"allows{source}: the guard uses its value only when an identity other than the node set it (the "
-            f"csinode-guard-nodes entry records who did; a Node it never observed keeps the labels it had) and "
-            f"pins the ceiling it selected, so the node can lower that ceiling, never raise it -- the label is pinned, "
-            f"not trusted; a label under {NODE_RESTRICTION_NAMESPACE}/ is one the kubelet cannot set: recommended")
+    return (f"ceiling label {label} can be set by the node's own kubelet on its own Node{source}: pinned, not "
+            f"trusted (a value the node set selects nothing; the ceiling a value selects can be lowered, never "
+            f"raised: docs/threat-model.md); recommended: a label under {NODE_RESTRICTION_NAMESPACE}/, which the "
+            f"kubelet cannot set")
 
 
 def _scope_message(label: str) -> str:
