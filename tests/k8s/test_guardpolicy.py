@@ -125,7 +125,8 @@ def test_a_good_edit_becomes_live_on_every_replica_and_kubectl_get_says_so(
     cp = crd
     name, namespace = unique("gp"), unique("guard")
     cp.kubectl("create", "namespace", namespace)
-    args = ("--guard-policy", name, "--lease-namespace", namespace, "--lease-name", unique("lease"))
+    args = ("--guard-policy", name, "--lease-namespace", namespace, "--lease-name", unique("lease"),
+            "--guard-policy-recreate-after", "3")
     guards: list[Guard] = [guard_factory(CLUSTER_POLICY, register=False, extra_args=args, workers=1)
                            for _ in range(2)]
     try:
@@ -146,6 +147,8 @@ def test_a_good_edit_becomes_live_on_every_replica_and_kubectl_get_says_so(
 
         def raise_unknown(doc: dict[str, Any]) -> None:
             doc["spec"]["drivers"][EBS]["ceiling"]["unknown"] = 31
+            # A label of its own (as Helm's ownership would be): kept when it is created again below.
+            doc["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "Helm"}
 
         apply(cp, policy_doc(name, raise_unknown))
         live = wait_until(lambda: settled(2), timeout=60, what="generation 2 enforced on every replica")
@@ -182,7 +185,29 @@ def test_a_good_edit_becomes_live_on_every_replica_and_kubectl_get_says_so(
         assert {c["type"]: c for c in status["conditions"]}["Enforced"]["status"] == "False"
         assert {p["observedGeneration"] for p in status["byPod"]} == {2}
         assert {readyz(g)["policy"]["hash"] for g in guards} == {live["status"]["policyHash"]}
+
+        # Deleted while the guard runs: the last good policy (generation 2, not the refused 3) keeps serving, and
+        # 3 s later the status writer creates the GuardPolicy again with its spec and labels, so the tools and the
+        # next start read it.
+        served_hash = live["status"]["policyHash"]
+        cp.kubectl("delete", "guardpolicy", name)
+
+        def recreated() -> dict[str, Any] | None:
+            found = cp.kubectl("get", "guardpolicy", name, "-o", "json", check=False)
+            return json.loads(found.stdout) if found.returncode == 0 else None
+
+        again = wait_until(recreated, timeout=60, what="the GuardPolicy created again")
+        assert again["spec"] == policy_doc(name, raise_unknown)["spec"]
+        assert again["metadata"]["generation"] == 1  # a new object
+        assert again["metadata"]["labels"].get("app.kubernetes.io/managed-by") == "Helm", again["metadata"]
+        wait_until(lambda: settled(1), timeout=60, what="the re-created generation 1 enforced on every replica")
+        assert get_policy(cp, name)["status"]["policyHash"] == served_hash
+        assert {readyz(g)["policy"]["hash"] for g in guards} == {served_hash}
+        logs = "".join(g.log.read_text() for g in guards)
+        assert f"GuardPolicy {name} was deleted; created it again with the policy the guard serves" in logs
     finally:
+        for g in guards:  # first: a running guard creates its GuardPolicy again
+            g.stop()
         cp.kubectl("delete", "guardpolicy", name, check=False)
 
 
@@ -233,6 +258,7 @@ def test_status_judges_with_the_guardpolicy_the_guard_serves_and_says_which(
         preflight = guard.csinode_guard("preflight", "--guard-policy", name, "-o", "json", check=False)
         assert json.loads(preflight.stdout)["policy"]["hash"] == policy["hash"], preflight.stderr
     finally:
+        guard.stop()  # first: a running guard creates its GuardPolicy again
         cp.kubectl("delete", "guardpolicy", name, check=False)
 
 

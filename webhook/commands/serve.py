@@ -45,6 +45,11 @@ def _env(name: str) -> str:
 @click.option("--guard-policy", default="default", show_default=True, envvar=_env("GUARD_POLICY"), metavar="NAME",
               help="Without --policy: serve this GuardPolicy (csinode-guard.io, cluster-scoped) from the cluster, "
               "followed by a watch; the bundled default while none exists (docs/guardpolicy.md).")
+@click.option("--guard-policy-recreate-after", default=60.0, show_default=True, type=click.FloatRange(0),
+              envvar=_env("GUARD_POLICY_RECREATE_AFTER"), metavar="SECONDS",
+              help="Seconds a deleted GuardPolicy stays gone before the guard creates it again with the policy it "
+              "serves (0: never). Longer than a guard's shutdown, so that an uninstall that deletes the guard and "
+              "its GuardPolicy together leaves none behind (docs/guardpolicy.md).")
 @click.option("--policy-reload-interval", default=5.0, show_default=True, type=click.FloatRange(0),
               envvar=_env("POLICY_RELOAD_INTERVAL"), help="Seconds between policy file checks (0 disables).")
 @click.option("--audit-log", default="-", show_default=True, envvar=_env("AUDIT_LOG"),
@@ -131,6 +136,7 @@ def serve(**kwargs: Any) -> None:
         client_ca=kwargs["client_ca"],
         policy=kwargs["policy"],
         guard_policy=kwargs["guard_policy"],
+        guard_policy_recreate_after=kwargs["guard_policy_recreate_after"],
         policy_reload_interval=kwargs["policy_reload_interval"],
         audit_log=kwargs["audit_log"],
         state_key_file=kwargs["state_key_file"],

@@ -15,7 +15,9 @@ talks to. The gunicorn master of each replica:
    mirror (atomically: a new file renamed over the old), which every process reloads within
    ``--policy-reload-interval`` seconds and judges with the guard's full checks, as a file: a refused one is
    logged, shown in ``/readyz`` and the ``csinode_guard_policy_file_invalid`` metric, and reported, and the last
-   good policy keeps serving; a deleted GuardPolicy leaves the last good one serving (as a missing file);
+   good policy keeps serving; a deleted GuardPolicy leaves the last good one serving (as a missing file), and
+   the status writer (below) creates it again with that policy's spec, so that every tool, and the next start,
+   reads the policy the guard serves rather than the bundled default;
 3. reports what it serves in a Lease of its own and, while it holds the policy-status Lease
    (:class:`webhook.kube.leader.LeaderElector`), writes the GuardPolicy's ``status`` from every replica's report
    (:mod:`webhook.kube.guardpolicy_status`), only when it changes.
@@ -56,6 +58,8 @@ log = logging.getLogger("csinode_guard.policy")
 MIRROR_FILE = "guardpolicy.json"
 BUNDLED_SOURCE = "bundled default (no GuardPolicy)"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+RECREATE_INTERVAL = 10.0
+"""Seconds between two attempts of the status writer to create a deleted GuardPolicy again."""
 REPORT_GARBAGE = 3600.0
 """Seconds after its last renewal that the status writer deletes a replica's report Lease."""
 
@@ -128,14 +132,8 @@ def initial_mirror(client: KubeClient, name: str, *, create: bool = True) -> Mir
 def _create_default(client: KubeClient, name: str) -> dict[str, Any] | None:
     """Create GuardPolicy ``name`` from the bundled default; the object (also when another replica was first),
     or None when it cannot be created."""
-    document = bundled_document()
-    body: dict[str, Any] = {**document, "metadata": {"name": name,
-                                                     "labels": {"app.kubernetes.io/name": "csinode-guard"}}}
-    # As `kubectl create --save-config` does: the first `kubectl apply` of an edit then merges against it,
-    # without kubectl's warning about a missing annotation.
-    body["metadata"]["annotations"] = {LAST_APPLIED: json.dumps(body, sort_keys=True, separators=(",", ":"))}
     try:
-        created: dict[str, Any] = client.send(ApiRequest("POST", guardpolicy_path(), body=body))
+        created = create_guardpolicy(client, name, bundled_document())
     except KubeApiError as exc:
         if exc.already_exists:
             try:
@@ -148,16 +146,49 @@ def _create_default(client: KubeClient, name: str) -> dict[str, Any] | None:
     return created
 
 
+def create_guardpolicy(
+    client: KubeClient,
+    name: str,
+    document: Mapping[str, Any],
+    *,
+    labels: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """POST GuardPolicy ``name`` with the ``spec`` of ``document`` (a policy document: apiVersion, kind, spec),
+    labelled as the guard's (plus ``labels``), with ``annotations``, and annotated as ``kubectl create
+    --save-config`` does (a later ``kubectl apply`` of an edit then merges against it, without kubectl's warning
+    about a missing annotation). Returns the created object; raises ``KubeApiError`` (``already_exists`` when
+    someone was first) or ``ApiUnreachableError``."""
+    body: dict[str, Any] = {
+        "apiVersion": document.get("apiVersion"),
+        "kind": document.get("kind"),
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "csinode-guard", **(labels or {})}},
+        "spec": document.get("spec") or {},
+    }
+    body["metadata"]["annotations"] = {**(annotations or {}),
+                                       LAST_APPLIED: json.dumps(body, sort_keys=True, separators=(",", ":"))}
+    created: dict[str, Any] = client.send(ApiRequest("POST", guardpolicy_path(), body=body))
+    return created
+
+
 class ClusterPolicy:
     """The master's loop of steps 2 and 3 of the module docstring, every ``interval`` seconds in a daemon thread.
 
     ``served_hash()`` is the hash of the policy the master's own store serves (it reloads the mirror like the
     workers do). ``namespace`` holds the report Leases and the policy-status Lease ``status_lease``.
+
+    A GuardPolicy deleted while the guard runs is created again by the replica holding the status Lease once it
+    has been gone ``recreate_after`` seconds (0: never), with the spec of the last generation the guard accepted
+    (what it serves) and the labels and annotations it last had (a Helm release's ownership among them), at
+    most once every ``RECREATE_INTERVAL`` seconds; an error in the log says so. A deletion cannot switch the
+    guard's policy, only hide it from the tools, which read the object; and the next start would otherwise
+    create ``default`` from the bundled default, a different policy. The wait lets an uninstall that deletes the
+    guard's Deployment and its GuardPolicy together finish first: the guard is gone before it would act.
     """
 
     def __init__(self, client: KubeClient, api_client: Any, name: str, mirror: Mirror, *,
                  served_hash: Callable[[], str], namespace: str, status_lease: str, interval: float,
-                 cache_settings: Any, identity: str | None = None) -> None:
+                 cache_settings: Any, identity: str | None = None, recreate_after: float = 60.0) -> None:
         from webhook.kube.watch.reflector import Reflector  # noqa: PLC0415
         from webhook.kube.watch.store import Store  # noqa: PLC0415
         from webhook.kube.watch.transport import CollectionClient  # noqa: PLC0415
@@ -173,6 +204,11 @@ class ClusterPolicy:
         self._judged: tuple[str, Policy | PolicyError] | None = None  # (resourceVersion, verdict)
         self._error = ""
         self._missing_logged = False
+        self._last_good: dict[str, Any] | None = _accepted_document(mirror)
+        self._recreated_at = float("-inf")
+        self.recreate_after = recreate_after
+        self._gone_since: float | None = None  # monotonic; when the watch first showed it gone
+        self._metadata: dict[str, Any] = {}  # the labels and annotations it last had
         self._last_report: tuple[ReplicaReport, float] | None = None
         self._report_error = ""  # each logged once until it changes
         self._status_error = ""
@@ -228,8 +264,15 @@ class ClusterPolicy:
                           self.name, self.mirror.generation, self.mirror.hash)
                 self._missing_logged = True
             self._report()
+            if self.reflector.synced:
+                self._recreate()
             return
         self._missing_logged = False
+        self._gone_since = None
+        metadata = obj.get("metadata") or {}
+        self._metadata = {"labels": dict(metadata.get("labels") or {}),
+                          "annotations": {k: v for k, v in (metadata.get("annotations") or {}).items()
+                                          if k != LAST_APPLIED}}
         verdict = self._judge(obj)
         generation = int((obj.get("metadata") or {}).get("generation") or 0)
         if generation != self.mirror.generation:
@@ -241,6 +284,7 @@ class ClusterPolicy:
             self._error = f"generation {generation} refused: at {verdict.path or '(document)'}: {verdict.constraint}"
         else:
             self._error = ""
+            self._last_good = policy_document(obj)
             if self._generations.get(verdict.hash, (None,))[0] != generation:
                 self._generations[verdict.hash] = (generation, describe(obj))
                 self.mirror.hash = verdict.hash
@@ -249,6 +293,31 @@ class ClusterPolicy:
         self._report()
         if self.elector.is_leader:
             self._write_status(obj, verdict)
+
+    def _recreate(self) -> None:
+        """With the GuardPolicy gone: once ``recreate_after`` seconds passed, the leader creates it again from the
+        last accepted generation's spec."""
+        import time  # noqa: PLC0415
+
+        now = time.monotonic()
+        if self._gone_since is None:
+            self._gone_since = now
+        if (not self.recreate_after or self._last_good is None or not self.elector.is_leader
+                or now - self._gone_since < self.recreate_after or now - self._recreated_at < RECREATE_INTERVAL):
+            return
+        self._recreated_at = now
+        try:
+            create_guardpolicy(self.client, self.name, self._last_good, **self._metadata)
+        except KubeApiError as exc:
+            if not exc.already_exists:  # someone created one meanwhile: the watch brings it
+                log.warning("GuardPolicy %s not created again: %s", self.name, exc)
+            return
+        except Exception as exc:  # the apiserver away: tried again after RECREATE_INTERVAL
+            log.warning("GuardPolicy %s not created again: %s", self.name, exc)
+            return
+        log.error("GuardPolicy %s was deleted; created it again with the policy the guard serves (hash %s, from "
+                  "generation %d): delete the guard's deployment to remove the guard, or edit the GuardPolicy to "
+                  "change its policy", self.name, self.mirror.hash, self.mirror.generation)
 
     def _judge(self, obj: dict[str, Any]) -> Policy | PolicyError:
         version = str((obj.get("metadata") or {}).get("resourceVersion") or "")
@@ -350,6 +419,18 @@ class ClusterPolicy:
         log.log(logging.WARNING if text != self._status_error else logging.DEBUG,
                 "GuardPolicy %s status not written: %s", self.name, text)
         self._status_error = text
+
+
+def _accepted_document(mirror: Mirror) -> dict[str, Any] | None:
+    """The policy document a start from a GuardPolicy put in the mirror (the guard accepted it: the start stops
+    otherwise); None for the bundled default (no GuardPolicy existed)."""
+    if not mirror.generation:
+        return None
+    try:
+        document: dict[str, Any] = json.loads(mirror.path.read_text())
+    except (OSError, ValueError):
+        return None
+    return document
 
 
 def _as_dict(obj: Mapping[str, Any]) -> dict[str, Any]:

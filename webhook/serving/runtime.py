@@ -188,6 +188,7 @@ def _start_cluster_policy(settings: Settings, state: Any, master_store: Any) -> 
         namespace=settings.audit.lease_namespace,
         status_lease=f"{settings.audit.lease_name}-policy-status",
         interval=settings.policy_reload_interval or 5.0,
+        recreate_after=settings.guard_policy_recreate_after,
         cache_settings=CacheSettings(max_staleness=settings.max_staleness),
     )
     follower.start()
@@ -324,9 +325,12 @@ def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: 
 
     audit_loop = build_audit_loop(settings.audit, cluster, store, keys, audit, budget_dir,
                                   known_driver=runtime.is_known_driver)
-    if audit_loop is not None:
+    from webhook.serving import stopping  # noqa: PLC0415
+
+    if audit_loop is not None and not stopping.requested():  # a worker told to stop while booting starts none
         audit_loop.start()
         atexit.register(audit_loop.stop)  # gives the Lease up, so that another replica takes over at once
+        stopping.on_stop(audit_loop.stop)  # at SIGTERM already, not after the connections drained
     return create_app(runtime)
 
 

@@ -37,6 +37,9 @@ class Settings:
     guard_policy: str = "default"
     """Without ``policy``: the GuardPolicy (cluster-scoped custom resource) served from the cluster
     (:mod:`webhook.serving.cluster_policy`); with no cluster (offline, nothing configured) the bundled default."""
+    guard_policy_recreate_after: float = 60.0
+    """Seconds a deleted GuardPolicy (the one served) stays gone before the status writer creates it again with
+    the policy the guard serves; 0: never (:class:`webhook.serving.cluster_policy.ClusterPolicy`)."""
     policy_reload_interval: float = 5.0
     """How often the policy file is checked for changes (hot reload), in seconds; 0 disables."""
     audit_log: str = "-"

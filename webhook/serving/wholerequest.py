@@ -144,6 +144,14 @@ class WholeRequestWorker(gthread.ThreadWorker):  # type: ignore[misc]
             return state
         return super().handle(conn)
 
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """SIGTERM: stop as gunicorn does (answer what is on the connections, then exit), and end this worker's
+        writes to the cluster now (:mod:`webhook.serving.stopping`)."""
+        super().handle_exit(sig, frame)
+        from webhook.serving import stopping  # noqa: PLC0415
+
+        stopping.begin_stop()
+
     def enqueue_req(self, conn: Any) -> None:
         """gunicorn's, remembering when a connection with a new request was handed to the thread pool: a request
         that waits there for a free thread (all busy judging) is already waiting for its answer, and its
