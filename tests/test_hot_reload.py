@@ -26,7 +26,7 @@ import yaml
 
 from tests.conftest import REPO, RunningServer
 from tests.kube import EBS, base_csinode, kubelet_update, review
-from webhook.admission.policy import load_policy
+from webhook.admission.policy import PolicyError, load_policy
 from webhook.serving.live_policy import GenerationLedger, PolicyStore
 
 
@@ -314,3 +314,61 @@ def test_the_refusal_log_record_names_file_path_and_constraint(tmp_path: Path) -
     assert record.path == "$.spec.rules.change-rate.minInterval"  # type: ignore[attr-defined]
     assert "is not a duration like 30s, 15m or 2h" in record.constraint  # type: ignore[attr-defined]
     assert str(v.policy) in record.getMessage()
+
+
+def test_a_worker_started_while_the_file_is_gone_or_refused_serves_the_servers_policy(tmp_path: Path) -> None:
+    """A worker (re)started by gunicorn loads the file itself; with the master's snapshot as its fallback, a file
+    gone for a moment or refused does not fail its boot (which would stop the whole server): it serves the
+    snapshot and reports the file as a running worker would. Without a fallback (the master's own start), the
+    file is refused as before."""
+    v = ConfigMapVolume(tmp_path / "cm")
+    v.publish(policy_text("clamping", "clamp"))
+    ledger = GenerationLedger(tmp_path / "generations.jsonl")
+    master = PolicyStore(v.policy, interval=0, ledger=ledger)
+    served = master.current()
+
+    (v.root / "..data").unlink()  # a swap caught halfway
+    gone = PolicyStore(v.policy, interval=0, ledger=ledger, fallback=served, missing_grace=0)
+    assert gone.current() == served
+    assert gone.check() is None
+    problem = gone.problem()
+    assert problem is not None and problem.missing and problem.generation == served.generation
+    with pytest.raises(PolicyError, match="cannot read"):
+        PolicyStore(v.policy, interval=0, ledger=ledger)
+
+    v.publish(invalid_policy_text())
+    refused = PolicyStore(v.policy, interval=0, ledger=ledger, fallback=served)
+    assert refused.current() == served
+    problem = refused.problem()
+    assert problem is not None and not problem.missing and " invalid since " in problem.describe()
+
+    v.publish(policy_text("denying", "deny"))  # fixed: both load it as the next generation
+    assert gone.check() == "success" and refused.check() == "success"
+    assert gone.current().generation == refused.current().generation == served.generation + 1
+    assert gone.problem() is None and refused.problem() is None
+
+
+def test_a_worker_restarted_while_the_policy_file_is_gone_keeps_the_server_up(
+    reloading_server: RunningServer, volume: ConfigMapVolume
+) -> None:
+    """gunicorn stops the whole server when a worker fails to boot: a worker restarted during a ConfigMap swap
+    (or any time the file is gone) must boot on the policy the server serves."""
+    server = reloading_server
+    before = readyz(server)["policy"]
+    target = os.readlink(volume.root / "..data")
+    (volume.root / "..data").unlink()
+    pids = [int(p) for p in re.findall(r"Booting worker with pid: (\d+)", server.stderr_path.read_text())]
+    os.kill(pids[0], signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while len(re.findall(r"Booting worker with pid", server.stderr_path.read_text())) <= len(pids):
+        assert time.monotonic() < deadline, "gunicorn did not start a new worker"
+        time.sleep(0.1)
+    deadline = time.monotonic() + 30
+    while "not loaded as this worker started" not in server.stderr_path.read_text():
+        assert server.process.poll() is None, server.stderr_path.read_text()[-3000:]
+        assert time.monotonic() < deadline, server.stderr_path.read_text()[-3000:]
+        time.sleep(0.1)
+    (volume.root / "..data").symlink_to(target)
+    wait_for_generation(server, before["generation"], before["hash"])
+    assert server.process.poll() is None
+    assert "Worker failed to boot" not in server.stderr_path.read_text()

@@ -170,6 +170,11 @@ class PolicyStore:
     file: the last good policy serves, but a restart would refuse to start. ``on_reload(result, snapshot)`` is
     called after every reload attempt. ``ledger`` numbers the generations (default: shared with this server's
     other processes, see the module docstring).
+
+    ``fallback`` is for a worker (re)started while the server runs: the snapshot the server's master serves. A
+    worker that then cannot load the file (a ConfigMap's ``..data`` swap caught halfway, a refused edit) serves
+    that snapshot and reports the file as a running worker does, instead of failing to boot, which makes
+    gunicorn stop the whole server.
     """
 
     def __init__(
@@ -179,6 +184,7 @@ class PolicyStore:
         on_reload: Callable[[str, PolicySnapshot], None] | None = None,
         ledger: GenerationLedger | None = None,
         missing_grace: float | None = None,
+        fallback: PolicySnapshot | None = None,
     ) -> None:
         self.path = path
         self.interval = interval
@@ -186,12 +192,29 @@ class PolicyStore:
         self._on_reload = on_reload
         self._ledger = ledger if ledger is not None else GenerationLedger.for_policy(path)
         self._fingerprint = _fingerprint(path or bundled_policy_path())
-        policy = load_policy(path)
-        self._snapshot = PolicySnapshot(policy, self._ledger.generation_for(policy.hash))
         self._stop = threading.Event()
         self._missing_since: tuple[float, float] | None = None  # (wall clock, monotonic) when first found gone
         self._problem: PolicyFileProblem | None = None
         self._thread: threading.Thread | None = None
+        try:
+            policy = load_policy(path)
+        except PolicyError as exc:
+            if fallback is None or path is None:
+                raise
+            self._snapshot = fallback
+            self._refused_at_start(path, exc)
+        else:
+            self._snapshot = PolicySnapshot(policy, self._ledger.generation_for(policy.hash))
+
+    def _refused_at_start(self, path: Path, exc: PolicyError) -> None:
+        """The file could not be loaded as this process started with a ``fallback``: judged as a reload would be
+        (a missing file after ``missing_grace``, a refused one at once)."""
+        log.warning("policy file %s not loaded as this worker started (%s); serving the policy the server runs "
+                    "(generation %d, hash %s)", path, exc, self._snapshot.generation, self._snapshot.policy.hash)
+        if self._fingerprint is None:
+            self._note_missing()
+            return
+        self._problem = PolicyFileProblem(path, self._fingerprint[3] / 1e9, str(exc), self._snapshot.generation)
 
     def current(self) -> PolicySnapshot:
         """The snapshot in force (cheap; safe from any thread)."""

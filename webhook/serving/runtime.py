@@ -116,8 +116,8 @@ def run(settings: Settings) -> int:
     def ssl_hook(_conf: Any, _default: Any) -> Any:
         return ssl_source.context()
 
-    def app_factory() -> Any:
-        return build_worker_app(settings, keys, cert_file, budget_dir)
+    def app_factory() -> Any:  # in a worker, after the fork: master_store is the master's as of the fork
+        return build_worker_app(settings, keys, cert_file, budget_dir, fallback=master_store.current())
 
     options = gunicorn_options(settings, cert_file, key_file, ssl_hook, when_ready)
     GuardApplication(settings, app_factory, options).run()
@@ -265,8 +265,11 @@ def _check_port_free(port: int, what: str, host: str = "0.0.0.0", *, reuse_port:
             raise OSError(f"{what} {port}{where} is not free: {exc.strerror or exc}") from None
 
 
-def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: Any = None) -> Any:
-    """Build one worker's Flask app: policy store (hot reload), cluster view, audit writer, metrics."""
+def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: Any = None,
+                     fallback: Any = None) -> Any:
+    """Build one worker's Flask app: policy store (hot reload), cluster view, audit writer, metrics. ``fallback``
+    (a :class:`webhook.serving.live_policy.PolicySnapshot`: what the master serves) is served when the policy file
+    cannot be loaded as this worker starts."""
     setup_logging(settings.log_level)
     from webhook.serving import metrics, tls  # noqa: PLC0415
     from webhook.serving.app import Runtime, create_app  # noqa: PLC0415
@@ -281,7 +284,8 @@ def build_worker_app(settings: Settings, keys: Any, cert_file: Any, budget_dir: 
             for listener in policy_listeners:
                 listener(snapshot.policy)
 
-    store = PolicyStore(settings.policy, interval=settings.policy_reload_interval, on_reload=on_reload)
+    store = PolicyStore(settings.policy, interval=settings.policy_reload_interval, on_reload=on_reload,
+                        fallback=fallback)
     cluster, readiness, on_policy, observe_count = build_cluster(settings, store.current().policy, keys)
     readiness = _with_key_check(readiness, cluster)
     if on_policy is not None:
