@@ -255,14 +255,19 @@ def test_a_missing_file_keeps_the_last_good_policy_and_a_restarted_worker_keeps_
     volume.publish(policy_text("denying", "deny"))
     second = _hash_of(volume.policy)
     wait_for_generation(server, 2, second)
+    restart_a_worker(server)
+    wait_for_generation(server, 2, second)
+    assert {r["policyGeneration"] for r in audit_records(server) if r["policyHash"] == second} <= {2}
+
+
+def restart_a_worker(server: RunningServer) -> None:
+    """SIGTERM the first worker the server booted and wait until gunicorn has booted a replacement."""
     pids = [int(p) for p in re.findall(r"Booting worker with pid: (\d+)", server.stderr_path.read_text())]
     os.kill(pids[0], signal.SIGTERM)
     deadline = time.monotonic() + 30
     while len(re.findall(r"Booting worker with pid", server.stderr_path.read_text())) <= len(pids):
         assert time.monotonic() < deadline, "gunicorn did not start a new worker"
         time.sleep(0.1)
-    wait_for_generation(server, 2, second)
-    assert {r["policyGeneration"] for r in audit_records(server) if r["policyHash"] == second} <= {2}
 
 
 def _hash_of(path: Path) -> str:
@@ -357,12 +362,7 @@ def test_a_worker_restarted_while_the_policy_file_is_gone_keeps_the_server_up(
     before = readyz(server)["policy"]
     target = os.readlink(volume.root / "..data")
     (volume.root / "..data").unlink()
-    pids = [int(p) for p in re.findall(r"Booting worker with pid: (\d+)", server.stderr_path.read_text())]
-    os.kill(pids[0], signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while len(re.findall(r"Booting worker with pid", server.stderr_path.read_text())) <= len(pids):
-        assert time.monotonic() < deadline, "gunicorn did not start a new worker"
-        time.sleep(0.1)
+    restart_a_worker(server)
     deadline = time.monotonic() + 30
     while "not loaded as this worker started" not in server.stderr_path.read_text():
         assert server.process.poll() is None, server.stderr_path.read_text()[-3000:]
