@@ -337,6 +337,28 @@ def test_a_scrape_waits_while_a_worker_writes_a_batch_of_samples(server_factory:
     assert scraped and "csinode_guard_serving_certificate_expiry_timestamp_seconds" in scraped[0]
 
 
+def test_a_sample_file_caught_while_a_worker_creates_it_does_not_fail_the_scrape(
+    server_factory: Any, tmp_path: Path
+) -> None:
+    """prometheus_client creates a worker's sample file empty and sizes it a moment later; a scrape in that moment
+    (or after a worker was killed in it, which leaves the empty file for good) still answers with every sample."""
+    shared = tmp_path / "prometheus"
+    shared.mkdir()
+    server = server_factory(env={"PROMETHEUS_MULTIPROC_DIR": str(shared)})
+    stored = kubelet_update(base_csinode(), EBS, 25)
+    assert server.post("/mutate", review(stored, kubelet_update(stored, EBS, 24))).status == 200
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    counted = 'csinode_guard_requests_total{decision="allow",dry_run="false",endpoint="mutate"} 1.0'
+    deadline = time.monotonic() + 10
+    while counted not in urllib.request.urlopen(url, timeout=5).read().decode() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for name in ("counter_999999.db", "histogram_999999.db", "gauge_livesum_999999.db"):
+        (shared / name).write_bytes(b"")
+    answer = urllib.request.urlopen(url, timeout=5)
+    assert answer.status == 200
+    assert counted in answer.read().decode()
+
+
 def test_sigterm_finishes_and_exits_zero(server_factory: Any) -> None:
     server = server_factory()
     stored = kubelet_update(base_csinode(), EBS, 25)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import glob
 import logging
 import os
 import shutil
@@ -369,21 +370,44 @@ class CertificateExpiryCollector:
         yield family
 
 
+SAMPLE_FILE_HEADER_BYTES = 8
+"""A sample file's header (prometheus_client's ``MmapedDict``: 4 bytes of used length, 4 of padding)."""
+
+
 class LockedMultiProcessCollector:
-    """prometheus_client's ``MultiProcessCollector``, read under the shared flush lock of its directory.
+    """prometheus_client's multiprocess merge of the workers' sample files, read under the shared flush lock of
+    their directory.
 
     The workers write each batch of samples under the exclusive lock (:mod:`webhook.serving.flushlock`), so a scrape
     sees every sample of a batch or none (never a request counted without its latency).
+
+    A sample file shorter than its header is skipped: prometheus_client creates each file empty and sizes it a
+    moment later, so a scrape in that moment (a worker booting, or touching its first metric of a kind) would
+    otherwise fail whole with HTTP 500, and a worker killed in that moment would leave the empty file, and the
+    500s, for good (prometheus/client_python#1199, open in 0.26.0). Such a file holds no sample yet.
     """
 
-    def __init__(self, collector: Any, directory: str) -> None:
-        self.collector = collector
+    def __init__(self, directory: str) -> None:
         self.directory = directory
+
+    def sample_files(self) -> list[str]:
+        """The ``*.db`` files of the directory that hold at least a header, as paths."""
+        files = []
+        for path in glob.glob(os.path.join(self.directory, "*.db")):
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:  # a live gauge's file removed as its worker died (mark_process_dead)
+                continue
+            if size >= SAMPLE_FILE_HEADER_BYTES:
+                files.append(path)
+        return files
 
     def collect(self) -> Any:
         """The merged metric families of all workers' sample files, read while no batch is half written."""
+        from prometheus_client.multiprocess import MultiProcessCollector  # noqa: PLC0415
+
         with flush_lock(self.directory, shared=True):
-            return list(self.collector.collect())
+            return list(MultiProcessCollector.merge(self.sample_files(), accumulate=True))  # type: ignore[no-untyped-call]
 
 
 def start_metrics_server(port: int, cert_file: Path | None = None, collectors: Iterable[Any] = ()) -> None:
@@ -395,14 +419,14 @@ def start_metrics_server(port: int, cert_file: Path | None = None, collectors: I
     """
     if port <= 0:
         return
-    from prometheus_client import REGISTRY, CollectorRegistry, multiprocess, start_http_server  # noqa: PLC0415
+    from prometheus_client import REGISTRY, CollectorRegistry, start_http_server  # noqa: PLC0415
 
     # The master defines no metrics of its own (webhook.serving.metrics is imported only by the workers), so a gauge
     # merged with "min" or "max" never sees a master's zero.
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
         registry = CollectorRegistry()
-        registry.register(LockedMultiProcessCollector(multiprocess.MultiProcessCollector(None), directory))  # type: ignore[no-untyped-call]
+        registry.register(LockedMultiProcessCollector(directory))
     else:
         registry = REGISTRY
     if cert_file is not None:
