@@ -160,16 +160,17 @@ def decide_brake(
         if not settings.enabled:
             return replace(current, released_at=now, released_by=POLICY, release_reason="spec.brake.enabled is false")
         last = max(current.last_failure_at, newest_failure) if newest_failure is not None else current.last_failure_at
-        if now - last >= timedelta(seconds=settings.quiet_period):
+        updated = current if last == current.last_failure_at else replace(current, last_failure_at=last)
+        release_at = quiet_release_at(updated, settings)
+        if release_at is not None and now >= release_at:
             return replace(
-                current,
-                last_failure_at=last,
+                updated,
                 released_at=now,
                 released_by=QUIET_PERIOD,
                 release_reason=f"no capacity-class attach failure of {driver} for "
                 f"{format_duration(settings.quiet_period)}",
             )
-        return current if last == current.last_failure_at else replace(current, last_failure_at=last)
+        return updated
     if not settings.enabled:
         return current
     evidence = gather_evidence(raised, errors, current.released_at if current is not None else None)
