@@ -6,13 +6,16 @@ moment such a port is found free and the moment the server binds it, any client 
 suite's own, to its control planes and servers) can take it, and the server fails with ``EADDRINUSE``. So the
 ports come from 10000-19999 instead, below the ephemeral range and below ``cluster.sh``'s 20000-31999, and each
 test process (pytest-xdist worker ``gwN``) hands out its own tenth of it in turn, so that two processes of one
-run never pick the same port. A port is checked free by binding it before it is handed out.
+run never pick the same port. A port is checked free by binding it before it is handed out. Each process starts
+at a random port of its share, so that two runs on one machine (two engineers' suites, whose ``gw0`` share the
+same tenth) walk it from different places rather than racing for the same ports in the same order.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import random
 import re
 import socket
 
@@ -30,7 +33,14 @@ def _share() -> range:
     return range(start, start + SHARE)
 
 
-_next = itertools.cycle(_share())
+def _walk() -> itertools.cycle[int]:
+    """This process's share in turn, from a random start (see the module docstring)."""
+    share = _share()
+    start = random.randrange(len(share))
+    return itertools.cycle([*share[start:], *share[:start]])
+
+
+_next = _walk()
 
 
 def free_port() -> int:

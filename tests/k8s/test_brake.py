@@ -158,17 +158,27 @@ def brake_events(cp: ControlPlane, driver: str, reason: str) -> list[dict[str, A
     ]
 
 
+@contextlib.contextmanager
+def failing_rollout(cp: ControlPlane, driver: str, error_code: int) -> Iterator[tuple[list[str], list[str]]]:
+    """The rollout of ``driver`` (:func:`rollout`), then attach errors with gRPC ``error_code`` on its first three
+    nodes; yields (nodes, VolumeAttachment names) and deletes the VolumeAttachments afterwards."""
+    nodes = rollout(cp, driver)
+    vas = [attach_error(cp, node, driver, error_code) for node in nodes[:3]]
+    try:
+        yield nodes, vas
+    finally:
+        for va in vas:
+            with contextlib.suppress(AssertionError):
+                cp.kubectl("delete", "volumeattachment", va, "--ignore-not-found")
+
+
 def test_capacity_failures_after_a_rollout_engage_the_brake_hold_and_restore_until_an_approver_releases_it(
     control_plane: ControlPlane, brakes_record: None, guard_factory: Any, prometheus: Prometheus, tmp_path: Path
 ) -> None:
     cp = control_plane
     driver = f"{unique('brake')}.csi.example.com"
     guard = start_guard(guard_factory, brake_policy(tmp_path / "policy.yaml"))
-    nodes = rollout(cp, driver)
-    vas = [attach_error(cp, node, driver, 8) for node in nodes[:3]]
-    with contextlib.ExitStack() as stack:
-        stack.callback(lambda: [cp.kubectl("delete", "volumeattachment", va, "--ignore-not-found") for va in vas])
-        namespace = stack.enter_context(scraped(prometheus, guard))
+    with failing_rollout(cp, driver, 8) as (nodes, vas), scraped(prometheus, guard) as namespace:
         engage_hold_restore_release(cp, guard, prometheus, namespace, driver, nodes, vas)
 
 
@@ -291,9 +301,7 @@ def test_the_quiet_period_releases_the_brake(
     driver = f"{unique('quiet')}.csi.example.com"
     path = brake_policy(tmp_path / "policy.yaml")
     guard = start_guard(guard_factory, path)
-    nodes = rollout(cp, driver)
-    vas = [attach_error(cp, node, driver, 8) for node in nodes[:3]]
-    try:
+    with failing_rollout(cp, driver, 8) as (nodes, _):
         wait_until(lambda: engaged(guard, driver), timeout=60, interval=1, what="the brake to engage")
         update(cp, nodes[4], driver, 34)
         assert stored(cp, nodes[4], driver) == 20
@@ -311,9 +319,6 @@ def test_the_quiet_period_releases_the_brake(
         brake_policy(path, quiet_period="5s")  # hot reload: the failures are older than that
         wait_until(lambda: not engaged(guard, driver), timeout=60, interval=1, what="the quiet period release")
         assert brakes(guard)[driver]["releasedBy"] == "quiet-period"
-    finally:
-        for va in vas:
-            cp.kubectl("delete", "volumeattachment", va, "--ignore-not-found")
 
 
 def test_failures_of_another_class_engage_nothing(
@@ -322,9 +327,7 @@ def test_failures_of_another_class_engage_nothing(
     cp = control_plane
     driver = f"{unique('precond')}.csi.example.com"
     guard = start_guard(guard_factory, brake_policy(tmp_path / "policy.yaml"))
-    nodes = rollout(cp, driver)
-    vas = [attach_error(cp, node, driver, 9) for node in nodes[:3]]
-    try:
+    with failing_rollout(cp, driver, 9) as (nodes, _):
 
         def passes() -> float:
             total = 0.0
@@ -343,10 +346,6 @@ def test_failures_of_another_class_engage_nothing(
             interval=0.5,
             what="an increase with only FailedPrecondition errors around",
         )
-    finally:
-        for va in vas:
-            with contextlib.suppress(AssertionError):
-                cp.kubectl("delete", "volumeattachment", va, "--ignore-not-found")
 
 
 def test_a_deleted_or_edited_brake_record_is_written_again_while_the_brake_holds(
@@ -358,9 +357,7 @@ def test_a_deleted_or_edited_brake_record_is_written_again_while_the_brake_holds
     cp = control_plane
     driver = f"{unique('rewrite')}.csi.example.com"
     guard = start_guard(guard_factory, brake_policy(tmp_path / "policy.yaml"))
-    nodes = rollout(cp, driver)
-    vas = [attach_error(cp, node, driver, 8) for node in nodes[:3]]
-    try:
+    with failing_rollout(cp, driver, 8) as (nodes, _):
         wait_until(lambda: engaged(guard, driver), timeout=60, interval=1, what="the brake to engage")
         wait_until(
             lambda: [stored(cp, node, driver) for node in nodes] == [20] * NODES,
@@ -383,7 +380,3 @@ def test_a_deleted_or_edited_brake_record_is_written_again_while_the_brake_holds
         wait_until(record_back, timeout=60, interval=1, what="the edited record written again")
         update(cp, nodes[4], driver, 34)
         assert stored(cp, nodes[4], driver) == 20
-    finally:
-        for va in vas:
-            with contextlib.suppress(AssertionError):
-                cp.kubectl("delete", "volumeattachment", va, "--ignore-not-found")

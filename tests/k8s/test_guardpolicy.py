@@ -211,6 +211,51 @@ def test_a_good_edit_becomes_live_on_every_replica_and_kubectl_get_says_so(
         cp.kubectl("delete", "guardpolicy", name, check=False)
 
 
+def test_a_crd_applied_after_the_guard_started_gets_the_guardpolicy_the_guard_serves(
+    control_plane: ControlPlane, guard_factory: Any
+) -> None:
+    """The guard started before its CRD existed (applied out of order, or the CRD deleted and applied again): it
+    serves the bundled default with no GuardPolicy, and once the CRD is applied the status writer creates the
+    GuardPolicy from that default, so ``kubectl get guardpolicy`` and every tool read the policy it serves.
+    GuardPolicy ``default`` itself (the name is part of the policy hash), deleted at the end as every test here
+    deletes its own."""
+    cp = control_plane
+    name, namespace = "default", unique("guard")
+    had_crd = cp.kubectl("get", "crd", "guardpolicies.csinode-guard.io", check=False).returncode == 0
+    cp.kubectl("delete", "crd", "guardpolicies.csinode-guard.io", "--ignore-not-found", "--wait=true")
+    cp.kubectl("create", "namespace", namespace)
+    guard: Guard | None = None
+    try:
+        guard = guard_factory(CLUSTER_POLICY, register=False, workers=1, extra_args=(
+            "--lease-namespace", namespace, "--lease-name", unique("lease"), "--guard-policy-recreate-after", "2"))
+        served = readyz(guard)["policy"]["hash"]
+        assert f"no GuardPolicy {name} in the cluster: serving the bundled default policy" in guard.log.read_text()
+        install_crd(cp)
+
+        def enforced() -> dict[str, Any] | None:
+            found = cp.kubectl("get", "guardpolicy", name, "-o", "json", check=False)
+            if found.returncode != 0:
+                return None
+            obj: dict[str, Any] = json.loads(found.stdout)
+            conditions = {c["type"]: c for c in (obj.get("status") or {}).get("conditions") or []}
+            return obj if conditions.get("Enforced", {}).get("status") == "True" else None
+
+        created = wait_until(enforced, timeout=120, interval=1, what="the GuardPolicy created and enforced")
+        assert created["spec"] == yaml.safe_load(DEFAULT_POLICY.read_text("utf-8"))["spec"]
+        assert created["metadata"]["generation"] == 1
+        assert created["status"]["policyHash"] == served == readyz(guard)["policy"]["hash"]
+        assert f"no GuardPolicy {name} in the cluster: created it from the bundled default policy" in \
+            guard.log.read_text()
+    finally:
+        if guard is not None:  # first: a running guard creates its GuardPolicy again
+            guard.stop()
+        if had_crd:  # the cluster as the test found it
+            install_crd(cp)
+            cp.kubectl("delete", "guardpolicy", name, "--ignore-not-found")
+        else:
+            cp.kubectl("delete", "crd", "guardpolicies.csinode-guard.io", "--ignore-not-found", "--wait=true")
+
+
 def _ceilings(cp: ControlPlane, node: str, *args: str) -> tuple[Any, dict[str, Any]]:
     """``status --node NODE -o json``: the entry's ceiling and the policy it was judged with."""
     result = subprocess.run(

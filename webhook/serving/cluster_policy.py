@@ -17,7 +17,9 @@ talks to. The gunicorn master of each replica:
    logged, shown in ``/readyz`` and the ``csinode_guard_policy_file_invalid`` metric, and reported, and the last
    good policy keeps serving; a deleted GuardPolicy leaves the last good one serving (as a missing file), and
    the status writer (below) creates it again with that policy's spec, so that every tool, and the next start,
-   reads the policy the guard serves rather than the bundled default;
+   reads the policy the guard serves rather than the bundled default; a replica that started serving the bundled
+   default because none could be created (the CRD applied after the guard, no RBAC yet) creates it from the
+   bundled default the same way once it can;
 3. reports what it serves in a Lease of its own and, while it holds the policy-status Lease
    (:class:`webhook.kube.leader.LeaderElector`), writes the GuardPolicy's ``status`` from every replica's report
    (:mod:`webhook.kube.guardpolicy_status`), only when it changes.
@@ -180,7 +182,10 @@ class ClusterPolicy:
     A GuardPolicy deleted while the guard runs is created again by the replica holding the status Lease once it
     has been gone ``recreate_after`` seconds (0: never), with the spec of the last generation the guard accepted
     (what it serves) and the labels and annotations it last had (a Helm release's ownership among them), at
-    most once every ``RECREATE_INTERVAL`` seconds; an error in the log says so. A deletion cannot switch the
+    most once every ``RECREATE_INTERVAL`` seconds; an error in the log says so. A replica that started on the
+    bundled default (none existed and none could be created: the CRD was applied after the guard, or its RBAC
+    came later) creates it the same way from the bundled default once its watch lists GuardPolicies, so that the
+    tools read the policy the guard serves; a warning in the log says so. A deletion cannot switch the
     guard's policy, only hide it from the tools, which read the object; and the next start would otherwise
     create ``default`` from the bundled default, a different policy. The wait lets an uninstall that deletes the
     guard's Deployment and its GuardPolicy together finish first: the guard is gone before it would act.
@@ -204,7 +209,11 @@ class ClusterPolicy:
         self._judged: tuple[str, Policy | PolicyError] | None = None  # (resourceVersion, verdict)
         self._error = ""
         self._missing_logged = False
-        self._last_good: dict[str, Any] | None = _accepted_document(mirror)
+        self._last_good: dict[str, Any] | None = (
+            _accepted_document(mirror) if mirror.generation else bundled_document()
+        )
+        self._seen = bool(mirror.generation)  # a GuardPolicy was served (else: the bundled default so far)
+        self._recreate_error = ""  # logged once until it changes
         self._recreated_at = float("-inf")
         self.recreate_after = recreate_after
         self._gone_since: float | None = None  # monotonic; when the watch first showed it gone
@@ -269,6 +278,7 @@ class ClusterPolicy:
             return
         self._missing_logged = False
         self._gone_since = None
+        self._seen = True
         metadata = obj.get("metadata") or {}
         self._metadata = {"labels": dict(metadata.get("labels") or {}),
                           "annotations": {k: v for k, v in (metadata.get("annotations") or {}).items()
@@ -308,12 +318,18 @@ class ClusterPolicy:
         self._recreated_at = now
         try:
             create_guardpolicy(self.client, self.name, self._last_good, **self._metadata)
-        except KubeApiError as exc:
-            if not exc.already_exists:  # someone created one meanwhile: the watch brings it
-                log.warning("GuardPolicy %s not created again: %s", self.name, exc)
+        except Exception as exc:  # refused, or the apiserver away: tried again after RECREATE_INTERVAL
+            if isinstance(exc, KubeApiError) and exc.already_exists:  # someone was first: the watch brings it
+                return
+            text = f"GuardPolicy {self.name} not created {'again' if self._seen else 'from the bundled default'}: {exc}"
+            if text != self._recreate_error:
+                log.warning("%s (retried every %.0f s)", text, RECREATE_INTERVAL)
+                self._recreate_error = text
             return
-        except Exception as exc:  # the apiserver away: tried again after RECREATE_INTERVAL
-            log.warning("GuardPolicy %s not created again: %s", self.name, exc)
+        self._recreate_error = ""
+        if not self._seen:
+            log.warning("no GuardPolicy %s in the cluster: created it from the bundled default policy the guard "
+                        "serves (hash %s); edit it to change the guard's policy", self.name, self.mirror.hash)
             return
         log.error("GuardPolicy %s was deleted; created it again with the policy the guard serves (hash %s, from "
                   "generation %d): delete the guard's deployment to remove the guard, or edit the GuardPolicy to "
