@@ -89,6 +89,12 @@ def update(cp: ControlPlane, node: str, driver: str, count: int) -> None:
     assert out.returncode == 0, out.stderr
 
 
+def increase_stored(cp: ControlPlane, node: str, driver: str, count: int, what: str, timeout: float = 30) -> None:
+    """The node's kubelet reports ``count`` every half second (its periodic update) until etcd holds it."""
+    wait_until(lambda: update(cp, node, driver, count) or stored(cp, node, driver) == count, timeout=timeout,
+               interval=0.5, what=what)
+
+
 def rollout(cp: ControlPlane, driver: str) -> list[str]:
     """Six nodes register ``driver`` at 20, then the "upgraded" driver reports 30 on each: admitted increases."""
     nodes = [unique("brake") for _ in range(NODES)]
@@ -98,12 +104,7 @@ def rollout(cp: ControlPlane, driver: str) -> list[str]:
         cp.kubelet(node, "install", "--driver", driver, "--node-id", f"i-{node}", "--max-volumes", "20")
     for node in nodes:
         # change-rate paces increases 1 s after the registration: the kubelet's next period writes it again.
-        wait_until(
-            lambda n=node: update(cp, n, driver, 30) or stored(cp, n, driver) == 30,
-            timeout=60,
-            interval=0.5,
-            what=f"the increase on {node}",
-        )
+        increase_stored(cp, node, driver, 30, f"the increase on {node}", timeout=60)
     return nodes
 
 
@@ -286,12 +287,7 @@ def engage_hold_restore_release(
         what="the alert's condition to end with the release",
     )
     # Increases pass again (the failures before the release do not engage it again).
-    wait_until(
-        lambda: update(cp, nodes[0], driver, 24) or stored(cp, nodes[0], driver) == 24,
-        timeout=30,
-        interval=0.5,
-        what="an increase after the release",
-    )
+    increase_stored(cp, nodes[0], driver, 24, "an increase after the release")
 
 
 def test_the_quiet_period_releases_the_brake(
@@ -340,12 +336,7 @@ def test_failures_of_another_class_engage_nothing(
         wait_until(lambda: passes() >= seen + 3, timeout=60, interval=0.5, what="three more audit passes")
         assert driver not in brakes(guard)
         assert [stored(cp, node, driver) for node in nodes] == [30] * NODES
-        wait_until(
-            lambda: update(cp, nodes[0], driver, 34) or stored(cp, nodes[0], driver) == 34,
-            timeout=30,
-            interval=0.5,
-            what="an increase with only FailedPrecondition errors around",
-        )
+        increase_stored(cp, nodes[0], driver, 34, "an increase with only FailedPrecondition errors around")
 
 
 def test_a_deleted_or_edited_brake_record_is_written_again_while_the_brake_holds(

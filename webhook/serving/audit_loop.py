@@ -44,7 +44,7 @@ from webhook.admission.standing import (
     judge_standing,
     reconcile_mode,
 )
-from webhook.admission.state import STATE_ANNOTATION, StateKeys, decode_state
+from webhook.admission.state import STATE_ANNOTATION, StateKeys, decode_state, format_time
 from webhook.kube.brakes import BrakeWriter
 from webhook.kube.events import EventRecorder, event_name
 from webhook.kube.kubeapi import KubeClient
@@ -247,7 +247,8 @@ class AuditLoop:
         """One audit pass (see the module docstring); returns its judgements."""
         started = time.perf_counter()
         now = datetime.now(UTC)
-        # The brakes first: the pass that engages one judges (and restores) the counts it covers.
+        # The brakes first; the counts a brake covers are restored once its record reached the watch
+        # (AuditClusterView), normally at the next pass.
         self.brakes.evaluate(policy, generation, now)
         judgements = self.judge_all(policy, now)
         duration = time.perf_counter() - started
@@ -369,15 +370,28 @@ class AuditClusterView:
     """The worker's :class:`~webhook.kube.watch.view.KubernetesClusterView` as the audit asks it: every answer
     admission gets (driver versions, attach errors, update periods, the newest state sequence seen), the Node
     labels read waiting for the cache's lock (the audit is off the admission path and has no time budget), and the
-    brakes as the leader decided them (``keeper``; its own write may not be in the watch cache yet)."""
+    brakes as the leader decided them (``keeper``) once its record has reached this worker's own watch.
+
+    That last condition makes the restore under a brake wait for the record every admission reads: the pass that
+    engages a brake writes the record, and the raised counts are lowered at the first pass whose watch shows it
+    (normally the next). Admission judges the guard's own repair write, and a worker that had not seen the
+    record yet would judge it as a plain decrease rather than as the restore it is; and a count restored while the
+    replicas do not hold increases yet could be raised again at once."""
 
     def __init__(self, view: KubernetesClusterView, keeper: BrakeKeeper | None = None) -> None:
         self._view = view
         self._keeper = keeper
 
     def brake(self, driver: str) -> Brake | None:
-        """See :meth:`webhook.admission.cluster.ClusterView.brake`."""
-        return self._keeper.brake(driver) if self._keeper is not None else self._view.brake(driver)
+        """See :meth:`webhook.admission.cluster.ClusterView.brake`: the leader's engaged brake of ``driver`` while
+        this worker's watch shows the same engagement (the class docstring says why), else None."""
+        seen = self._view.brake(driver)
+        if self._keeper is None:
+            return seen
+        decided = self._keeper.brake(driver)
+        if decided is None or seen is None or format_time(seen.engaged_at) != format_time(decided.engaged_at):
+            return None
+        return decided
 
     def node_labels(self, node: str) -> Mapping[str, str] | None:
         """See :meth:`webhook.admission.cluster.ClusterView.node_labels`."""

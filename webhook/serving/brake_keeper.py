@@ -1,8 +1,9 @@
 """The audit leader's side of the brake: evaluate the evidence, record the brakes, honour release requests, tell.
 
 The Lease holder's audit loop (:mod:`webhook.serving.audit_loop`) calls :meth:`BrakeKeeper.evaluate` at the start
-of every audit pass (before it judges the stored CSINodes, so the pass that engages a brake also restores the
-counts it covers) and :meth:`BrakeKeeper.honour_requests` at every poll. The decision is
+of every audit pass (before it judges the stored CSINodes; the counts a brake covers are restored once its record
+reached the leader's own watch, normally at the next pass: :class:`webhook.serving.audit_loop.AuditClusterView`)
+and :meth:`BrakeKeeper.honour_requests` at every poll. The decision is
 :func:`webhook.admission.brake.decide_brakes` over the CSINode cache (the admitted increases in the verified states)
 and the VolumeAttachment cache (the attach errors); the record is the signed ConfigMap
 (:mod:`webhook.kube.brakes`) every replica reads through its watch. A brake that engages or releases gets an
