@@ -352,7 +352,7 @@ def test_a_sample_file_caught_while_a_worker_creates_it_does_not_fail_the_scrape
     deadline = time.monotonic() + 10
     while counted not in urllib.request.urlopen(url, timeout=5).read().decode() and time.monotonic() < deadline:
         time.sleep(0.2)
-    for name in ("counter_999999.db", "histogram_999999.db", "gauge_livesum_999999.db"):
+    for name in ("counter_empty.db", "histogram_empty.db", "gauge_livesum_empty.db"):  # no worker's pid
         (shared / name).write_bytes(b"")
     answer = urllib.request.urlopen(url, timeout=5)
     assert answer.status == 200

@@ -63,12 +63,12 @@ def brakes_record(control_plane: ControlPlane) -> Iterator[None]:
     control_plane.kubectl("delete", "configmap", "-n", NAMESPACE, BRAKES_OBJECT, "--ignore-not-found")
 
 
-def start_guard(guard_factory: Any, path: Path) -> Guard:
+def start_guard(guard_factory: Any, path: Path, audit_interval: str = "2") -> Guard:
     guard: Guard = guard_factory(
         path,
         extra_args=(
             "--audit-interval",
-            "2",
+            audit_interval,
             "--lease-namespace",
             NAMESPACE,
             "--lease-name",
@@ -146,6 +146,16 @@ def scrape(guard: Guard) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{guard.metrics_port}/metrics", timeout=10) as answer:
         text: str = answer.read().decode()
     return text
+
+
+def passes(guard: Guard, trigger: str | None = None) -> float:
+    """The guard's audit passes (``csinode_guard_audit_passes_total``), of one trigger or of all."""
+    total = 0.0
+    prefix = "csinode_guard_audit_passes_total{" + (f'trigger="{trigger}"}}' if trigger else "")
+    for line in scrape(guard).splitlines():
+        if line.startswith(prefix):
+            total += float(line.rpartition(" ")[2])
+    return total
 
 
 def brake_events(cp: ControlPlane, driver: str, reason: str) -> list[dict[str, Any]]:
@@ -324,19 +334,39 @@ def test_failures_of_another_class_engage_nothing(
     driver = f"{unique('precond')}.csi.example.com"
     guard = start_guard(guard_factory, brake_policy(tmp_path / "policy.yaml"))
     with failing_rollout(cp, driver, 9) as (nodes, _):
-
-        def passes() -> float:
-            total = 0.0
-            for line in scrape(guard).splitlines():
-                if line.startswith("csinode_guard_audit_passes_total{"):
-                    total += float(line.rpartition(" ")[2])
-            return total
-
-        seen = passes()
-        wait_until(lambda: passes() >= seen + 3, timeout=60, interval=0.5, what="three more audit passes")
+        seen = passes(guard)
+        wait_until(lambda: passes(guard) >= seen + 3, timeout=60, interval=0.5, what="three more audit passes")
         assert driver not in brakes(guard)
         assert [stored(cp, node, driver) for node in nodes] == [30] * NODES
         increase_stored(cp, nodes[0], driver, 34, "an increase with only FailedPrecondition errors around")
+
+
+def test_the_restore_follows_the_brakes_record_into_the_watch_without_waiting_for_an_interval(
+    control_plane: ControlPlane, brakes_record: None, guard_factory: Any, tmp_path: Path
+) -> None:
+    """With ``--audit-interval 0`` a policy reload starts the pass that engages the brake, and no interval pass
+    follows. The leader restores the raised counts once the record has reached its own watch: later in that pass
+    when the watch is quick (an idle machine), else in the pass the record's arrival starts (trigger ``brake``;
+    which of the two is timing, the unit tests in tests/test_audit_brake_view.py pin the second). Either way
+    admission, which reads the same record, judges every repair write as the restore it is."""
+    cp = control_plane
+    driver = f"{unique('follow')}.csi.example.com"
+    path = brake_policy(tmp_path / "policy.yaml")
+    guard = start_guard(guard_factory, path, audit_interval="0")
+    with failing_rollout(cp, driver, 8) as (nodes, _):
+        assert not engaged(guard, driver)  # no pass since the failures: the start pass ran before the rollout
+        brake_policy(path, quiet_period="2h")  # the policy reload is a trigger
+        wait_until(lambda: engaged(guard, driver), timeout=60, interval=1, what="the brake to engage")
+        wait_until(lambda: [stored(cp, node, driver) for node in nodes] == [20] * NODES, timeout=60, interval=1,
+                   what="the raised counts restored")
+        assert passes(guard, "interval") == 0
+        repaired = {r["node"]: r["trigger"] for r in guard.decisions()
+                    if r.get("source") == "audit" and r.get("decision") == "repaired"}
+        assert set(repaired) == set(nodes) and set(repaired.values()) <= {"policy-reload", "brake"}, repaired
+        repairs = [r for r in guard.decisions() if r.get("user") == "test-admin" and r.get("node") in nodes
+                   and r["endpoint"] == "mutate"]
+        assert {r["node"] for r in repairs} == set(nodes) and all(r["decision"] == "allow" for r in repairs), repairs
+        assert all(r.get("driver") is None for r in repairs), "admission judged a repair without the brake"
 
 
 def test_a_deleted_or_edited_brake_record_is_written_again_while_the_brake_holds(

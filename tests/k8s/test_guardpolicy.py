@@ -3,7 +3,9 @@ edit becomes live on every replica and ``kubectl get guardpolicy`` says so, and 
 the guard serves.
 
 Each test names its own GuardPolicy (``unique``) and deletes it, so the session's other tests, whose tools read
-GuardPolicy ``default``, still find none and judge with the bundled default.
+GuardPolicy ``default``, still find none and judge with the bundled default. The one exception, the CRD applied
+after the guard started, needs ``default`` itself (the name is part of the policy hash): it deletes the CRD
+first, which removes every GuardPolicy, and leaves the cluster without ``default`` as well.
 """
 
 from __future__ import annotations

@@ -48,8 +48,9 @@ def _env(name: str) -> str:
 @click.option("--guard-policy-recreate-after", default=60.0, show_default=True, type=click.FloatRange(0),
               envvar=_env("GUARD_POLICY_RECREATE_AFTER"), metavar="SECONDS",
               help="Seconds a deleted GuardPolicy stays gone before the guard creates it again with the policy it "
-              "serves (0: never). Longer than a guard's shutdown, so that an uninstall that deletes the guard and "
-              "its GuardPolicy together leaves none behind (docs/guardpolicy.md).")
+              "serves, or one that could not be created at start (the CRD applied later) is created from the "
+              "bundled default (0: never). Longer than a guard's shutdown, so that an uninstall that deletes the "
+              "guard and its GuardPolicy together leaves none behind (docs/guardpolicy.md).")
 @click.option("--policy-reload-interval", default=5.0, show_default=True, type=click.FloatRange(0),
               envvar=_env("POLICY_RELOAD_INTERVAL"), help="Seconds between policy file checks (0 disables).")
 @click.option("--audit-log", default="-", show_default=True, envvar=_env("AUDIT_LOG"),

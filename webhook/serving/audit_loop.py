@@ -7,17 +7,17 @@ takes over); the worker holding it campaigns for the ``coordination.k8s.io/v1`` 
 every worker of every replica keeps serving admission. The audit reuses the worker's watch caches (the CSINode
 watch, Node labels for the ceilings) and its policy store, so it costs no second copy of the cluster in memory.
 
-Passes: at ``start`` (once the CSINode cache synced after this process became the leader), after every
-``relist`` of the CSINode watch, after a ``policy-reload`` (a new policy generation) and every ``interval``
-seconds. A pass first decides the brakes (:mod:`webhook.serving.brake_keeper`; an approver's release request is
-honoured at every poll), then judges every record with :func:`webhook.admission.standing.judge_standing`
-(admission's own judgement, with the same cluster view admission asks), publishes the
-``csinode_guard_standing_violations`` gauge, sends an Event per new finding (deduplicated, rate-limited),
-writes an audit record per new or changed finding (``source: audit``), and with ``clamp`` lowers the counts
-through the apiserver (:func:`webhook.kube.repair.repair_csinode`, at the client-side write rate limit). A
-repair's audit records and Event give the count etcd holds after it (the update's answer: the guard's own
-admission judges the repair and may store less than the target), not the target.
-"""
+Passes: at ``start`` (once the CSINode cache synced after this process became the leader), after every ``relist`` of
+the CSINode watch, after a ``policy-reload`` (a new policy generation), every ``interval`` seconds, and at the first
+poll after a brake this leader engaged reached its own watch (``brake``: the pass that restores the counts it
+covers, :class:`AuditClusterView`). A pass first decides the brakes (:mod:`webhook.serving.brake_keeper`; an
+approver's release request is honoured at every poll), then judges every record with
+:func:`webhook.admission.standing.judge_standing` (admission's own judgement, with the same cluster view admission
+asks), publishes the ``csinode_guard_standing_violations`` gauge, sends an Event per new finding (deduplicated,
+rate-limited), writes an audit record per new or changed finding (``source: audit``), and with ``clamp`` lowers the
+counts through the apiserver (:func:`webhook.kube.repair.repair_csinode`, at the client-side write rate limit). A
+repair's audit records and Event give the count etcd holds after it (the update's answer: the guard's own admission
+judges the repair and may store less than the target), not the target."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from webhook.admission.cluster import AttachError, Brake, RetainedState
+from webhook.admission.cluster import AttachError, Brake, ClusterView, RetainedState
 from webhook.admission.csinode import CSINodeError, format_count, parse_csinode
 from webhook.admission.policy import Policy
 from webhook.admission.standing import (
@@ -182,6 +182,7 @@ class AuditLoop:
         relists = -1
         generation = -1
         leading = False
+        awaiting: set[str] = set()  # engaged brakes whose record the watch did not show at the last pass
         while not self._stop.wait(self.settings.poll):
             try:
                 audit_metrics.LEASE_UNRENEWED.set(self.elector.unrenewed_seconds())
@@ -189,27 +190,31 @@ class AuditLoop:
                     leading = leading and self.elector.is_leader
                     continue
                 self._sync_history()
-                trigger = None
                 store = self.view.csinode_store
                 snapshot = self.policies.current()
                 if leading:
                     self.brakes.honour_requests(snapshot.policy, snapshot.generation, datetime.now(UTC))
-                if not leading:
-                    trigger = "start"
-                elif store.relists != relists:
-                    trigger = "relist"
-                elif snapshot.generation != generation:
-                    trigger = "policy-reload"
-                elif self.settings.interval > 0 and time.monotonic() - last_pass >= self.settings.interval:
-                    trigger = "interval"
+                trigger = pass_trigger(
+                    leading=leading,
+                    relisted=store.relists != relists,
+                    reloaded=snapshot.generation != generation,
+                    interval_due=self.settings.interval > 0
+                    and time.monotonic() - last_pass >= self.settings.interval,
+                    record_arrived=bool(awaiting) and not awaiting <= self.brakes_awaiting_record(),
+                )
                 leading = True
                 relists, generation = store.relists, snapshot.generation
                 if trigger is None or self.key_is_foreign():
                     continue
                 self.run_pass(trigger, snapshot.policy, snapshot.generation)
                 last_pass = time.monotonic()
+                awaiting = self.brakes_awaiting_record()
             except Exception:
                 log.exception("audit pass failed; retrying at the next trigger")
+
+    def brakes_awaiting_record(self) -> set[str]:
+        """:func:`awaiting_record` of this leader's brakes."""
+        return awaiting_record(self.brakes.brakes(), AuditClusterView(self.view, self.brakes))
 
     def _sync_history(self) -> None:
         """Copy the CSINodes' newest verified states into the nodes' history records (the leader's job, at every
@@ -366,17 +371,39 @@ class AuditLoop:
                              warning=False, name=event_name(judgement.node, key))
 
 
+def pass_trigger(*, leading: bool, relisted: bool, reloaded: bool, interval_due: bool,
+                 record_arrived: bool) -> str | None:
+    """The trigger of the pass to run at this poll, None for none (the module docstring lists them): ``leading``
+    False at the first poll as the leader (``start``), ``relisted`` the CSINode watch re-listed, ``reloaded`` a new
+    policy generation, ``interval_due`` ``--audit-interval`` seconds passed since the last pass, ``record_arrived``
+    the record of a brake this leader engaged, which its watch did not show at the last pass, now shows
+    (``brake``). The first that holds, in that order, names the pass."""
+    for trigger, holds in (("start", not leading), ("relist", relisted), ("policy-reload", reloaded),
+                           ("interval", interval_due), ("brake", record_arrived)):
+        if holds:
+            return trigger
+    return None
+
+
+def awaiting_record(decided: Mapping[str, Brake], cluster: ClusterView) -> set[str]:
+    """The drivers whose brake the leader engaged (``decided``, by driver) while ``cluster`` (the audit's view,
+    :class:`AuditClusterView`) does not show it yet: their counts are restored once it does, at a pass with
+    trigger ``brake`` (:func:`pass_trigger`)."""
+    return {driver for driver, brake in decided.items() if brake.engaged and cluster.brake(driver) is None}
+
+
 class AuditClusterView:
     """The worker's :class:`~webhook.kube.watch.view.KubernetesClusterView` as the audit asks it: every answer
     admission gets (driver versions, attach errors, update periods, the newest state sequence seen), the Node
     labels read waiting for the cache's lock (the audit is off the admission path and has no time budget), and the
     brakes as the leader decided them (``keeper``) once its record has reached this worker's own watch.
 
-    That last condition makes the restore under a brake wait for the record every admission reads: the pass that
-    engages a brake writes the record, and the raised counts are lowered at the first pass whose watch shows it
-    (normally the next). Admission judges the guard's own repair write, and a worker that had not seen the
-    record yet would judge it as a plain decrease rather than as the restore it is; and a count restored while the
-    replicas do not hold increases yet could be raised again at once."""
+    That last condition makes the restore under a brake wait for the record admission reads: the pass that
+    engages a brake writes the record, and the raised counts are lowered at the pass its arrival in this worker's
+    watch starts (trigger ``brake``). Admission judges the guard's own repair write, and a worker that had not
+    seen the record yet would judge it as a plain decrease rather than as the restore it is; and a count restored
+    while the replicas do not hold increases yet could be raised again at once. Other workers and replicas watch
+    the record on their own; waiting for this worker's watch narrows that gap to their lag behind it."""
 
     def __init__(self, view: KubernetesClusterView, keeper: BrakeKeeper | None = None) -> None:
         self._view = view

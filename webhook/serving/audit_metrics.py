@@ -20,7 +20,7 @@ STANDING_VIOLATIONS = Gauge(
 )
 AUDIT_PASSES = Counter(
     "csinode_guard_audit_passes",
-    "Audit passes over every stored CSINode, by trigger: start, relist, policy-reload, interval.",
+    "Audit passes over every stored CSINode, by trigger: start, relist, policy-reload, interval, brake.",
     ["trigger"],
 )
 AUDIT_LAST_PASS = Gauge(

@@ -2,7 +2,7 @@
 
 The Lease holder's audit loop (:mod:`webhook.serving.audit_loop`) calls :meth:`BrakeKeeper.evaluate` at the start
 of every audit pass (before it judges the stored CSINodes; the counts a brake covers are restored once its record
-reached the leader's own watch, normally at the next pass: :class:`webhook.serving.audit_loop.AuditClusterView`)
+reached the leader's own watch, at a pass of its own: :class:`webhook.serving.audit_loop.AuditClusterView`)
 and :meth:`BrakeKeeper.honour_requests` at every poll. The decision is
 :func:`webhook.admission.brake.decide_brakes` over the CSINode cache (the admitted increases in the verified states)
 and the VolumeAttachment cache (the attach errors); the record is the signed ConfigMap

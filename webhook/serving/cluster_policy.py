@@ -278,6 +278,7 @@ class ClusterPolicy:
             return
         self._missing_logged = False
         self._gone_since = None
+        self._recreate_error = ""
         self._seen = True
         metadata = obj.get("metadata") or {}
         self._metadata = {"labels": dict(metadata.get("labels") or {}),
@@ -329,7 +330,7 @@ class ClusterPolicy:
         self._recreate_error = ""
         if not self._seen:
             log.warning("no GuardPolicy %s in the cluster: created it from the bundled default policy the guard "
-                        "serves (hash %s); edit it to change the guard's policy", self.name, self.mirror.hash)
+                        "serves; edit it to change the guard's policy", self.name)
             return
         log.error("GuardPolicy %s was deleted; created it again with the policy the guard serves (hash %s, from "
                   "generation %d): delete the guard's deployment to remove the guard, or edit the GuardPolicy to "
