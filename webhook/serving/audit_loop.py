@@ -253,7 +253,7 @@ class AuditLoop:
         started = time.perf_counter()
         now = datetime.now(UTC)
         # The brakes first; the counts a brake covers are restored once its record reached the watch
-        # (AuditClusterView), normally at the next pass.
+        # (AuditClusterView): later in this pass, or in the pass its arrival starts (trigger "brake").
         self.brakes.evaluate(policy, generation, now)
         judgements = self.judge_all(policy, now)
         duration = time.perf_counter() - started

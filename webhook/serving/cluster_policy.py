@@ -209,10 +209,7 @@ class ClusterPolicy:
         self._judged: tuple[str, Policy | PolicyError] | None = None  # (resourceVersion, verdict)
         self._error = ""
         self._missing_logged = False
-        self._last_good: dict[str, Any] | None = (
-            _accepted_document(mirror) if mirror.generation else bundled_document()
-        )
-        self._seen = bool(mirror.generation)  # a GuardPolicy was served (else: the bundled default so far)
+        self._last_good: dict[str, Any] | None = _accepted_document(mirror)
         self._recreate_error = ""  # logged once until it changes
         self._recreated_at = float("-inf")
         self.recreate_after = recreate_after
@@ -279,7 +276,6 @@ class ClusterPolicy:
         self._missing_logged = False
         self._gone_since = None
         self._recreate_error = ""
-        self._seen = True
         metadata = obj.get("metadata") or {}
         self._metadata = {"labels": dict(metadata.get("labels") or {}),
                           "annotations": {k: v for k, v in (metadata.get("annotations") or {}).items()
@@ -322,13 +318,14 @@ class ClusterPolicy:
         except Exception as exc:  # refused, or the apiserver away: tried again after RECREATE_INTERVAL
             if isinstance(exc, KubeApiError) and exc.already_exists:  # someone was first: the watch brings it
                 return
-            text = f"GuardPolicy {self.name} not created {'again' if self._seen else 'from the bundled default'}: {exc}"
+            how = "again" if self.mirror.generation else "from the bundled default"
+            text = f"GuardPolicy {self.name} not created {how}: {exc}"
             if text != self._recreate_error:
                 log.warning("%s (retried every %.0f s)", text, RECREATE_INTERVAL)
                 self._recreate_error = text
             return
         self._recreate_error = ""
-        if not self._seen:
+        if not self.mirror.generation:  # no GuardPolicy was ever served: the bundled default
             log.warning("no GuardPolicy %s in the cluster: created it from the bundled default policy the guard "
                         "serves; edit it to change the guard's policy", self.name)
             return
@@ -440,9 +437,9 @@ class ClusterPolicy:
 
 def _accepted_document(mirror: Mirror) -> dict[str, Any] | None:
     """The policy document a start from a GuardPolicy put in the mirror (the guard accepted it: the start stops
-    otherwise); None for the bundled default (no GuardPolicy existed)."""
+    otherwise), or the bundled default's when none existed (generation 0); None when the mirror cannot be read."""
     if not mirror.generation:
-        return None
+        return bundled_document()
     try:
         document: dict[str, Any] = json.loads(mirror.path.read_text())
     except (OSError, ValueError):
